@@ -1,0 +1,67 @@
+//! `switchyard`: the command-line entry point.
+//!
+//! Subcommands: `validate` (offline policy checks for Git hooks and CI), `explain` (what the
+//! engine decides for one request on a given fleet state, with the full trace) and `crds`
+//! (the CustomResourceDefinition manifests). Exit codes: 0 success, 1 invalid input
+//! (configuration errors), 2 usage errors (bad arguments, unreadable files).
+
+mod crds;
+mod explain;
+mod validate;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Switchyard: a multi-cluster inference control plane for vLLM.
+#[derive(Parser, Debug)]
+#[command(name = "switchyard", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check Switchyard resources (files or directories of multi-document YAML).
+    Validate(validate::Args),
+    /// Show the decision for one request on a given fleet state, with its trace.
+    Explain(explain::Args),
+    /// Print the CustomResourceDefinition manifests (or write them to a directory).
+    Crds(crds::Args),
+}
+
+/// Output format shared by the subcommands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
+pub enum Format {
+    /// For people.
+    #[default]
+    Text,
+    /// For machines.
+    Json,
+}
+
+/// How a subcommand ended.
+pub enum Exit {
+    /// Success.
+    Ok,
+    /// The input was checked and is invalid.
+    Invalid,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Validate(args) => validate::run(&args),
+        Command::Explain(args) => explain::run(&args),
+        Command::Crds(args) => crds::run(&args),
+    };
+    match result {
+        Ok(Exit::Ok) => ExitCode::SUCCESS,
+        Ok(Exit::Invalid) => ExitCode::from(1),
+        Err(err) => {
+            eprintln!("switchyard: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
