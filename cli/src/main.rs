@@ -7,6 +7,9 @@
 
 mod crds;
 mod explain;
+mod signals;
+mod sim;
+mod tokenizer;
 mod validate;
 
 use std::process::ExitCode;
@@ -29,6 +32,10 @@ enum Command {
     Explain(explain::Args),
     /// Print the CustomResourceDefinition manifests (or write them to a directory).
     Crds(crds::Args),
+    /// Run simulated vLLM workers (flags mirror `vllm serve`).
+    Sim(sim::Args),
+    /// Manage the project's test tokenizer.
+    Tokenizer(tokenizer::Args),
 }
 
 /// Output format shared by the subcommands.
@@ -51,10 +58,18 @@ pub enum Exit {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Validate(args) => validate::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Crds(args) => crds::run(&args),
+        Command::Tokenizer(args) => tokenizer::run(&args),
+        Command::Sim(args) => sim::run(&args),
     };
     match result {
         Ok(Exit::Ok) => ExitCode::SUCCESS,

@@ -1,0 +1,123 @@
+"""Shared fixtures: start real `switchyard` processes on loopback and stop them by PID."""
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER_DIR = REPO / "sim" / "tokenizer"
+
+
+def switchyard_bin() -> str:
+    path = os.environ.get("SWITCHYARD_BIN")
+    if not path:
+        raise RuntimeError("SWITCHYARD_BIN is not set; run the tests through scripts/test")
+    return path
+
+
+class Sim:
+    """A running `switchyard sim` process with one or more workers."""
+
+    def __init__(self, proc, ready, log_path):
+        self.proc = proc
+        self.model = ready["model"]
+        self.workers = ready["workers"]
+        self.log_path = log_path
+
+    @property
+    def url(self) -> str:
+        return self.workers[0]["url"]
+
+    def faults(self, worker=0, **knobs):
+        r = httpx.post(f"{self.workers[worker]['url']}/sim/faults", json=knobs, timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    def oracle(self, worker=0, **body):
+        r = httpx.post(f"{self.workers[worker]['url']}/sim/oracle", json=body, timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def state(self, worker=0):
+        return httpx.get(f"{self.workers[worker]['url']}/sim/state", timeout=5).json()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def start_sim():
+    """Factory: start_sim(*extra_args, kv_events=True, workers=1) -> Sim."""
+    started = []
+
+    def start(*extra, kv_events=True, workers=1, replay=True):
+        tmp = Path(tempfile.mkdtemp(prefix="sim-"))
+        ready = tmp / "ready.json"
+        args = [switchyard_bin(), "sim", "--port", "0", "--workers", str(workers), "--ready-file", str(ready),
+                "--tokenizer", str(TOKENIZER_DIR), "--enable-prompt-tokens-details"]
+        if kv_events:
+            # Explicit free ports: worker i uses base + 2i (events) and base + 1 + 2i (replay).
+            base = free_port_pair(workers)
+            cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base}", "topic": "kv"}
+            if replay:
+                cfg["replay_endpoint"] = f"tcp://*:{base + 1}"
+            args += ["--kv-events-config", json.dumps(cfg)]
+        args += list(extra)
+        log = tmp / "sim.log"
+        proc = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"sim did not start: {log.read_text()}")
+            time.sleep(0.05)
+        time.sleep(0.05)
+        sim = Sim(proc, json.loads(ready.read_text()), log)
+        started.append(sim)
+        return sim
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def free_port_pair(workers: int) -> int:
+    """A base port such that base .. base + 2*workers are free."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        socks = []
+        try:
+            for p in range(base, base + 2 * workers):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")

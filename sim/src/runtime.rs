@@ -1,0 +1,227 @@
+//! The worker runtime: owns one [`Engine`] in a task and paces it in real time.
+//!
+//! The loop admits new requests between steps (as vLLM's engine core does), runs a step,
+//! sleeps for the step's duration × time scale, then delivers the step's tokens to each
+//! request's channel and hands the step's KV events to the publisher as one batch. A request
+//! whose receiver is gone (client disconnected) is aborted before the next step, so it stops
+//! consuming cache and compute. Oracle queries are answered from the engine's true state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, EngineCounters, EngineStats, RequestId};
+use crate::faults::Faults;
+use crate::metrics::Metrics;
+use crate::publisher::PublisherCommand;
+
+/// What a request's receiver gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Emitted {
+    /// A generated token.
+    Token {
+        /// Token id.
+        token: u32,
+        /// Output position from 0.
+        index: u32,
+        /// Last token.
+        finished: bool,
+        /// Prompt tokens served from the prefix cache.
+        cached_prompt_tokens: u32,
+    },
+}
+
+/// The engine's answer to an oracle query.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OracleAnswer {
+    /// Prompt tokens cached right now.
+    pub cached_prefix_tokens: u32,
+    /// Exact TTFT if the request arrived now and nothing after it, at time scale 1, ms.
+    pub predicted_ttft_ms: f64,
+    /// Engine state.
+    pub stats: EngineStats,
+}
+
+enum Command {
+    Add { prompt: Vec<u32>, max_tokens: u32, out: mpsc::UnboundedSender<Emitted>, natural_stop: bool },
+    Oracle { tokens: Vec<u32>, reply: oneshot::Sender<OracleAnswer> },
+    State { reply: oneshot::Sender<(EngineStats, EngineCounters)> },
+}
+
+/// Sends work to a running worker. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct WorkerHandle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+/// The worker stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("the simulated engine has stopped")]
+pub struct EngineStopped;
+
+impl WorkerHandle {
+    /// Submits a request; tokens arrive on the returned receiver. `natural_stop` marks a
+    /// request without `max_tokens` (finish reason `stop` instead of `length`).
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        natural_stop: bool,
+    ) -> Result<mpsc::UnboundedReceiver<Emitted>, EngineStopped> {
+        let (out, rx) = mpsc::unbounded_channel();
+        self.tx.send(Command::Add { prompt, max_tokens, out, natural_stop }).map_err(|_| EngineStopped)?;
+        Ok(rx)
+    }
+
+    /// Asks the engine about `tokens`.
+    pub async fn oracle(&self, tokens: Vec<u32>) -> Result<OracleAnswer, EngineStopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::Oracle { tokens, reply }).map_err(|_| EngineStopped)?;
+        rx.await.map_err(|_| EngineStopped)
+    }
+
+    /// Current state and counters.
+    pub async fn state(&self) -> Result<(EngineStats, EngineCounters), EngineStopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::State { reply }).map_err(|_| EngineStopped)?;
+        rx.await.map_err(|_| EngineStopped)
+    }
+}
+
+struct Live {
+    out: mpsc::UnboundedSender<Emitted>,
+    arrived: Instant,
+    last_token: Option<Instant>,
+    natural_stop: bool,
+}
+
+/// Everything the loop needs besides the engine.
+pub struct LoopDeps {
+    /// Metrics to keep current.
+    pub metrics: Arc<Metrics>,
+    /// Fault knobs.
+    pub faults: Arc<Faults>,
+    /// Publisher input, when KV events are enabled.
+    pub publisher: Option<mpsc::UnboundedSender<PublisherCommand>>,
+    /// Multiplier on every step duration.
+    pub time_scale: f64,
+    /// Stops the loop.
+    pub shutdown: CancellationToken,
+}
+
+/// Spawns the engine loop; the returned handle submits work, the join handle ends when
+/// `deps.shutdown` fires.
+pub fn spawn(engine: Engine, deps: LoopDeps) -> (WorkerHandle, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(run(engine, rx, deps));
+    (WorkerHandle { tx }, task)
+}
+
+async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps: LoopDeps) {
+    let mut live: HashMap<RequestId, Live> = HashMap::new();
+    let mut next_deadline = Instant::now();
+    loop {
+        if !engine.has_work() {
+            let cmd = tokio::select! {
+                c = rx.recv() => c,
+                () = deps.shutdown.cancelled() => None,
+            };
+            let Some(cmd) = cmd else { return };
+            handle(&mut engine, &mut live, cmd);
+            next_deadline = Instant::now();
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            handle(&mut engine, &mut live, cmd);
+        }
+        if let Some(publisher) = &deps.publisher
+            && deps.faults.take_restart()
+        {
+            let cleared = engine.reset_prefix_cache();
+            let _ = publisher.send(PublisherCommand::Restart(vec![cleared]));
+        }
+        let gone: Vec<RequestId> = live.iter().filter(|(_, l)| l.out.is_closed()).map(|(id, _)| *id).collect();
+        for id in gone {
+            engine.abort(id);
+            live.remove(&id);
+            deps.metrics.update(|v| v.finished_abort += 1);
+        }
+        let Some(out) = engine.step() else { continue };
+
+        // Pace in real time; keep the cadence when steps run back to back.
+        let scaled_ms = out.duration_ms * deps.time_scale * deps.faults.slowdown();
+        let start = next_deadline.max(Instant::now());
+        next_deadline = start + std::time::Duration::from_secs_f64(scaled_ms.max(0.0) / 1000.0);
+        loop {
+            tokio::select! {
+                () = sleep_until(next_deadline) => break,
+                c = rx.recv() => match c {
+                    Some(cmd) => handle(&mut engine, &mut live, cmd),
+                    None => return,
+                },
+                () = deps.shutdown.cancelled() => return,
+            }
+        }
+
+        if !out.events.is_empty()
+            && let Some(publisher) = &deps.publisher
+        {
+            let _ = publisher.send(PublisherCommand::Batch(out.events));
+        }
+        let now = Instant::now();
+        for t in &out.tokens {
+            let Some(l) = live.get_mut(&t.request) else { continue };
+            match l.last_token {
+                None => deps.metrics.observe_ttft((now - l.arrived).as_secs_f64()),
+                Some(prev) => deps.metrics.observe_itl((now - prev).as_secs_f64()),
+            }
+            l.last_token = Some(now);
+            let _ = l.out.send(Emitted::Token {
+                token: t.token,
+                index: t.index,
+                finished: t.finished,
+                cached_prompt_tokens: t.cached_prompt_tokens,
+            });
+            if t.finished
+                && let Some(l) = live.remove(&t.request)
+            {
+                deps.metrics.observe_e2e((now - l.arrived).as_secs_f64());
+                deps.metrics.update(|v| if l.natural_stop { v.finished_stop += 1 } else { v.finished_length += 1 });
+            }
+        }
+        let stats = engine.stats();
+        let c = engine.counters();
+        deps.metrics.update(|v| {
+            v.running = stats.running;
+            v.waiting = stats.waiting;
+            v.kv_usage = stats.kv_usage;
+            v.prefix_cache_queries = c.prefix_cache_queries;
+            v.prefix_cache_hits = c.prefix_cache_hits;
+            v.prompt_tokens = c.prompt_tokens;
+            v.generation_tokens = c.generation_tokens;
+            v.preemptions = c.preemptions;
+        });
+    }
+}
+
+fn handle(engine: &mut Engine, live: &mut HashMap<RequestId, Live>, cmd: Command) {
+    match cmd {
+        Command::Add { prompt, max_tokens, out, natural_stop } => {
+            let id = engine.add_request(prompt, max_tokens);
+            live.insert(id, Live { out, arrived: Instant::now(), last_token: None, natural_stop });
+        }
+        Command::Oracle { tokens, reply } => {
+            let answer = OracleAnswer {
+                cached_prefix_tokens: engine.cached_prefix_tokens(&tokens),
+                predicted_ttft_ms: engine.predict_ttft_ms(&tokens),
+                stats: engine.stats(),
+            };
+            let _ = reply.send(answer);
+        }
+        Command::State { reply } => {
+            let _ = reply.send((engine.stats(), engine.counters()));
+        }
+    }
+}

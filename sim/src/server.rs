@@ -1,0 +1,561 @@
+//! The HTTP API of one simulated worker, shaped like `vllm serve`'s OpenAI server.
+//!
+//! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /tokenize`, `POST /detokenize`,
+//! `POST /v1/chat/completions/render`, `POST /v1/completions/render`, `GET /metrics`, and the
+//! simulator-only `POST /sim/oracle`, `GET /sim/state`, `POST /sim/faults`.
+//!
+//! Errors use vLLM's body `{"error": {"message", "type", "param", "code"}}`: 400 for malformed
+//! JSON, invalid parameters or a context-length overflow, 404 for an unknown model, 500 for an
+//! injected failure. Prompt text is never logged.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::engine::mix;
+use crate::faults::{FaultRequest, Faults};
+use crate::metrics::Metrics;
+use crate::runtime::{Emitted, WorkerHandle};
+use crate::tokenizer::{EngineTokenizer, TokenizerError};
+
+/// Shared state of one worker's HTTP server.
+pub struct AppState {
+    /// Engine handle.
+    pub worker: WorkerHandle,
+    /// Tokenizer and chat template.
+    pub tokenizer: Arc<EngineTokenizer>,
+    /// `--served-model-name`.
+    pub model: String,
+    /// `--max-model-len`.
+    pub max_model_len: u32,
+    /// Output length when `max_tokens` is absent.
+    pub default_max_tokens: u32,
+    /// `--enable-prompt-tokens-details`.
+    pub prompt_tokens_details: bool,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Fault knobs.
+    pub faults: Arc<Faults>,
+    /// Time scale (for oracle answers in wall-clock terms).
+    pub time_scale: f64,
+    /// Index of this worker in its fleet (response header `x-sim-worker`).
+    pub worker_index: u32,
+    /// Seeds response ids.
+    pub seed: u64,
+    /// Response id counter.
+    pub next_id: AtomicU64,
+}
+
+/// An error response in vLLM's shape.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: None }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            _ => "InternalServerError",
+        };
+        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status.as_u16()}});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<TokenizerError> for ApiError {
+    fn from(e: TokenizerError) -> ApiError {
+        ApiError::bad_request(e.to_string())
+    }
+}
+
+type Shared = Arc<AppState>;
+
+/// The router of one worker.
+pub fn router(state: Shared) -> Router {
+    let worker_header = HeaderValue::from(state.worker_index);
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/chat/completions/render", post(render_chat))
+        .route("/v1/completions/render", post(render_completion))
+        .route("/metrics", get(metrics))
+        .route("/sim/oracle", post(oracle))
+        .route("/sim/state", get(sim_state))
+        .route("/sim/faults", post(set_faults).get(get_faults))
+        .layer(axum::middleware::map_response(move |mut r: Response| {
+            let v = worker_header.clone();
+            async move {
+                r.headers_mut().insert("x-sim-worker", v);
+                r
+            }
+        }))
+        .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+        .with_state(state)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn parse_body(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request("request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
+    }
+}
+
+fn check_model(state: &AppState, body: &Map<String, Value>) -> Result<(), ApiError> {
+    match body.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if *m == state.model => Ok(()),
+        Some(m) => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{}` does not exist.", m.as_str().unwrap_or(&m.to_string())),
+            param: Some("model"),
+        }),
+    }
+}
+
+fn get_bool(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(format!("`{key}` must be a boolean"))),
+    }
+}
+
+fn get_u32(body: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request(format!("`{key}` must be a non-negative integer"))),
+    }
+}
+
+/// Chat-template inputs of a chat request.
+fn chat_tokens(state: &AppState, body: &Map<String, Value>, default_add_special: bool) -> Result<Vec<u32>, ApiError> {
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad_request("`messages` must be a list of messages"))?;
+    if messages.iter().any(|m| !m.is_object() || m.get("role").and_then(Value::as_str).is_none()) {
+        return Err(ApiError::bad_request("every message needs a string `role`"));
+    }
+    let add_generation_prompt = get_bool(body, "add_generation_prompt", true)?;
+    let continue_final = get_bool(body, "continue_final_message", false)?;
+    if add_generation_prompt && continue_final && body.contains_key("add_generation_prompt") {
+        return Err(ApiError::bad_request(
+            "cannot set both `continue_final_message` and `add_generation_prompt` to true",
+        ));
+    }
+    let kwargs = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(_) => return Err(ApiError::bad_request("`chat_template_kwargs` must be an object")),
+    };
+    let add_special = get_bool(body, "add_special_tokens", default_add_special)?;
+    Ok(state.tokenizer.encode_chat(
+        messages,
+        add_generation_prompt,
+        continue_final,
+        body.get("tools"),
+        kwargs,
+        add_special,
+    )?)
+}
+
+/// Prompt tokens of a completion request (`prompt` as text or token ids).
+fn completion_tokens(state: &AppState, body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    let add_special = get_bool(body, "add_special_tokens", true)?;
+    match body.get("prompt") {
+        Some(Value::String(text)) => Ok(state.tokenizer.encode_prompt(text, add_special)?),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            Ok(state.tokenizer.encode_prompt(items[0].as_str().unwrap_or_default(), add_special)?)
+        }
+        Some(Value::Array(items)) if items.iter().all(|v| v.is_u64()) => items
+            .iter()
+            .map(|v| {
+                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| ApiError::bad_request("bad token id"))
+            })
+            .collect(),
+        _ => Err(ApiError::bad_request("`prompt` must be a string or a list of token ids (one prompt per request)")),
+    }
+}
+
+/// Output length and whether it stands for a natural stop, after the context-length check.
+fn output_budget(state: &AppState, body: &Map<String, Value>, prompt_len: usize) -> Result<(u32, bool), ApiError> {
+    let requested = match get_u32(body, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => get_u32(body, "max_tokens")?,
+    };
+    if requested == Some(0) {
+        return Err(ApiError::bad_request("max_tokens must be at least 1"));
+    }
+    let limit = state.max_model_len as usize;
+    let too_long = |completion: usize| {
+        ApiError::bad_request(format!(
+            "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt_len} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.",
+            prompt_len + completion
+        ))
+    };
+    match requested {
+        Some(n) if prompt_len + n as usize > limit => Err(too_long(n as usize)),
+        Some(n) => Ok((n, false)),
+        None if prompt_len >= limit => Err(too_long(0)),
+        None => Ok((state.default_max_tokens.min((limit - prompt_len) as u32), true)),
+    }
+}
+
+fn check_n(body: &Map<String, Value>) -> Result<(), ApiError> {
+    match get_u32(body, "n")? {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(ApiError::bad_request("only n=1 is supported by the simulator")),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    Chat,
+    Completion,
+}
+
+struct Generation {
+    api: Api,
+    id: String,
+    created: u64,
+    prompt_len: u32,
+    natural_stop: bool,
+    include_usage: bool,
+    continuous_usage: bool,
+}
+
+impl Generation {
+    fn usage(&self, state: &AppState, completion: u32, cached: u32) -> Value {
+        let details =
+            if state.prompt_tokens_details && cached > 0 { json!({"cached_tokens": cached}) } else { Value::Null };
+        json!({
+            "prompt_tokens": self.prompt_len,
+            "total_tokens": self.prompt_len + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": details,
+        })
+    }
+
+    fn finish_reason(&self, finished: bool) -> Value {
+        match (finished, self.natural_stop) {
+            (false, _) => Value::Null,
+            (true, true) => json!("stop"),
+            (true, false) => json!("length"),
+        }
+    }
+
+    fn chunk(&self, model: &str, choice: Value, usage: Option<Value>) -> Bytes {
+        let object = match self.api {
+            Api::Chat => "chat.completion.chunk",
+            Api::Completion => "text_completion",
+        };
+        let mut v =
+            json!({"id": self.id, "object": object, "created": self.created, "model": model, "choices": [choice]});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        Bytes::from(format!("data: {v}\n\n"))
+    }
+}
+
+async fn generate(state: Shared, body: Map<String, Value>, prompt: Vec<u32>, api: Api) -> Result<Response, ApiError> {
+    check_n(&body)?;
+    let (max_tokens, natural_stop) = output_budget(&state, &body, prompt.len())?;
+    if state.faults.take_fail_request() {
+        return Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "injected failure".into(),
+            param: None,
+        });
+    }
+    let stream = get_bool(&body, "stream", false)?;
+    let opts = body.get("stream_options");
+    let include_usage = opts.and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+    let continuous_usage = opts.and_then(|o| o.get("continuous_usage_stats")).and_then(Value::as_bool).unwrap_or(false);
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
+    let id = format!("{prefix}-{:016x}{:016x}", mix(state.seed ^ n), mix(n.wrapping_add(0x51ed)));
+    let generation = Generation {
+        api,
+        id,
+        created: now_secs(),
+        prompt_len: prompt.len() as u32,
+        natural_stop,
+        include_usage,
+        continuous_usage,
+    };
+    let rx = state.worker.submit(prompt, max_tokens, natural_stop).map_err(|e| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: e.to_string(),
+        param: None,
+    })?;
+    if stream { Ok(stream_response(state, generation, rx)) } else { collect_response(state, generation, rx).await }
+}
+
+async fn collect_response(
+    state: Shared,
+    generation: Generation,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Emitted>,
+) -> Result<Response, ApiError> {
+    let mut tokens = Vec::new();
+    let mut cached = 0;
+    let mut finished = false;
+    while let Some(Emitted::Token { token, finished: f, cached_prompt_tokens, .. }) = rx.recv().await {
+        tokens.push(token);
+        cached = cached_prompt_tokens;
+        if f {
+            finished = true;
+            break;
+        }
+    }
+    if !finished {
+        return Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "generation aborted".into(),
+            param: None,
+        });
+    }
+    let text = state.tokenizer.decode(&tokens, true)?;
+    let usage = generation.usage(&state, tokens.len() as u32, cached);
+    let body = match generation.api {
+        Api::Chat => json!({
+            "id": generation.id, "object": "chat.completion", "created": generation.created, "model": state.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []},
+                         "logprobs": null, "finish_reason": generation.finish_reason(true), "stop_reason": null}],
+            "usage": usage, "prompt_logprobs": null,
+        }),
+        Api::Completion => json!({
+            "id": generation.id, "object": "text_completion", "created": generation.created, "model": state.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason(true), "stop_reason": null, "prompt_logprobs": null}],
+            "usage": usage,
+        }),
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+fn stream_response(
+    state: Shared,
+    generation: Generation,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Emitted>,
+) -> Response {
+    let cut_after = state.faults.take_cut();
+    let generation = Arc::new(generation);
+    let model = state.model.clone();
+    let mut count: u32 = 0;
+    let mut cut = false;
+    let tokens = UnboundedReceiverStream::new(rx);
+    let body = tokens
+        .map(move |Emitted::Token { token, finished, cached_prompt_tokens, .. }| {
+            count += 1;
+            let mut frames: Vec<Result<Bytes, std::io::Error>> = Vec::new();
+            if cut_after.is_some_and(|k| count > k) {
+                // Injected cut: end the connection without a final event.
+                if !cut {
+                    cut = true;
+                    frames.push(Err(std::io::Error::other("stream cut by fault injection")));
+                }
+                return futures::stream::iter(frames);
+            }
+            let text = state.tokenizer.token_text(token);
+            let usage = generation.continuous_usage.then(|| generation.usage(&state, count, cached_prompt_tokens));
+            if count == 1 && generation.api == Api::Chat {
+                let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+                frames.push(Ok(generation.chunk(&model, role, generation.continuous_usage.then(|| generation.usage(&state, 0, cached_prompt_tokens)))));
+            }
+            let choice = match generation.api {
+                Api::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": generation.finish_reason(finished)}),
+                Api::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason(finished), "stop_reason": null}),
+            };
+            frames.push(Ok(generation.chunk(&model, choice, usage)));
+            if finished {
+                if generation.include_usage {
+                    let object = if generation.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
+                    let u = json!({"id": generation.id, "object": object, "created": generation.created, "model": model, "choices": [],
+                                   "usage": generation.usage(&state, count, cached_prompt_tokens)});
+                    frames.push(Ok(Bytes::from(format!("data: {u}\n\n"))));
+                }
+                frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+            }
+            futures::stream::iter(frames)
+        })
+        .flatten();
+    let mut resp = Response::new(Body::from_stream(body));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+async fn models(State(state): State<Shared>) -> Response {
+    axum::Json(json!({"object": "list", "data": [{
+        "id": state.model, "object": "model", "created": now_secs(), "owned_by": "vllm", "root": state.model,
+        "parent": null, "max_model_len": state.max_model_len, "permission": [],
+    }]}))
+    .into_response()
+}
+
+async fn chat_completions(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    check_model(&state, &body)?;
+    let tokens = chat_tokens(&state, &body, false)?;
+    generate(state, body, tokens, Api::Chat).await
+}
+
+async fn completions(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    check_model(&state, &body)?;
+    let tokens = completion_tokens(&state, &body)?;
+    generate(state, body, tokens, Api::Completion).await
+}
+
+/// Tokens for `/tokenize`, `/render` and the oracle: `messages`, `prompt` or `token_ids`.
+fn request_tokens(state: &AppState, body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    if body.contains_key("messages") {
+        chat_tokens(state, body, false)
+    } else if let Some(Value::Array(ids)) = body.get("token_ids") {
+        ids.iter()
+            .map(|v| {
+                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| ApiError::bad_request("bad token id"))
+            })
+            .collect()
+    } else {
+        completion_tokens(state, body)
+    }
+}
+
+async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    check_model(&state, &body)?;
+    let tokens = request_tokens(&state, &body)?;
+    let strs = get_bool(&body, "return_token_strs", false)?
+        .then(|| tokens.iter().map(|t| state.tokenizer.token_str(*t)).collect::<Vec<_>>());
+    Ok(axum::Json(
+        json!({"count": tokens.len(), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": strs}),
+    )
+    .into_response())
+}
+
+async fn detokenize(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    check_model(&state, &body)?;
+    let ids: Vec<u32> = body
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad_request("`tokens` must be a list of token ids"))?
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| ApiError::bad_request("bad token id")))
+        .collect::<Result<_, _>>()?;
+    Ok(axum::Json(json!({"prompt": state.tokenizer.decode(&ids, false)?})).into_response())
+}
+
+fn render_one(state: &AppState, body: &Map<String, Value>, tokens: Vec<u32>, prefix: &str) -> Result<Value, ApiError> {
+    let (max_tokens, _) = output_budget(state, body, tokens.len())?;
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    Ok(json!({
+        "request_id": format!("{prefix}-{:016x}", mix(state.seed ^ n)),
+        "token_ids": tokens,
+        "sampling_params": {"max_tokens": max_tokens},
+        "model": state.model,
+    }))
+}
+
+async fn render_chat(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    check_model(&state, &body)?;
+    let tokens = chat_tokens(&state, &body, false)?;
+    Ok(axum::Json(render_one(&state, &body, tokens, "chatcmpl")?).into_response())
+}
+
+async fn render_completion(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    check_model(&state, &body)?;
+    let tokens = completion_tokens(&state, &body)?;
+    Ok(axum::Json(json!([render_one(&state, &body, tokens, "cmpl")?])).into_response())
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+}
+
+async fn oracle(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_body(&body)?;
+    let tokens = request_tokens(&state, &body)?;
+    let prompt_tokens = tokens.len();
+    let a = state.worker.oracle(tokens).await.map_err(|e| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: e.to_string(),
+        param: None,
+    })?;
+    Ok(axum::Json(json!({
+        "promptTokens": prompt_tokens,
+        "cachedPrefixTokens": a.cached_prefix_tokens,
+        "predictedTtftMs": a.predicted_ttft_ms * state.time_scale,
+        "predictedTtftMsAtScale1": a.predicted_ttft_ms,
+        "waiting": a.stats.waiting,
+        "running": a.stats.running,
+        "waitingPrefillTokens": a.stats.waiting_prefill_tokens,
+        "kvCacheUsage": a.stats.kv_usage,
+    }))
+    .into_response())
+}
+
+async fn sim_state(State(state): State<Shared>) -> Result<Response, ApiError> {
+    let (s, c) = state.worker.state().await.map_err(|e| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: e.to_string(),
+        param: None,
+    })?;
+    Ok(axum::Json(json!({
+        "model": state.model, "worker": state.worker_index, "timeScale": state.time_scale,
+        "waiting": s.waiting, "running": s.running, "kvCacheUsage": s.kv_usage, "cachedBlocks": s.cached_blocks,
+        "waitingPrefillTokens": s.waiting_prefill_tokens,
+        "prefixCacheQueries": c.prefix_cache_queries, "prefixCacheHits": c.prefix_cache_hits,
+        "promptTokens": c.prompt_tokens, "generationTokens": c.generation_tokens,
+        "preemptions": c.preemptions, "finished": c.finished,
+    }))
+    .into_response())
+}
+
+async fn set_faults(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let req: FaultRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid fault request: {e}")))?;
+    state.faults.arm(&req);
+    Ok(axum::Json(state.faults.snapshot()).into_response())
+}
+
+async fn get_faults(State(state): State<Shared>) -> Response {
+    axum::Json(state.faults.snapshot()).into_response()
+}

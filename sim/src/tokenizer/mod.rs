@@ -1,0 +1,276 @@
+//! Tokenization exactly like an engine configured with the same files.
+//!
+//! vLLM tokenizes a chat request by rendering the model's Jinja chat template (Hugging Face
+//! `apply_chat_template` semantics: `trim_blocks` and `lstrip_blocks` on, the messages, the
+//! special tokens and `add_generation_prompt` in the context) and encoding the result without
+//! adding special tokens; a plain completion prompt is encoded with special tokens. This module
+//! does the same with the `tokenizers` crate and `minijinja`.
+//!
+//! The project ships its own small byte-level BPE tokenizer (`sim/tokenizer/`), trained by
+//! [`train`] from text the project generates, in Hugging Face directory form so Python tools
+//! (GuideLLM, `transformers`, the peer routers) load the very same files.
+
+pub mod train;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use minijinja::{Environment, ErrorKind};
+use serde_json::{Map, Value};
+use tokenizers::Tokenizer;
+
+/// The default tokenizer directory (committed in the repository), relative to the workspace.
+pub const DEFAULT_TOKENIZER_DIR: &str = "sim/tokenizer";
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// Why a tokenizer could not be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A file is missing or unreadable.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The tokenizer has no chat template and a chat request came in.
+    #[error("the tokenizer has no chat template")]
+    NoChatTemplate,
+    /// The chat template failed to render (e.g. it raised an exception).
+    #[error("chat template error: {0}")]
+    Template(String),
+    /// Encoding or decoding failed.
+    #[error("tokenizer error: {0}")]
+    Encode(String),
+}
+
+/// A loaded tokenizer with its chat template and special tokens.
+pub struct EngineTokenizer {
+    tokenizer: Tokenizer,
+    env: Option<Environment<'static>>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    /// Token ids generated outputs are drawn from: whole words that decode and re-encode to
+    /// exactly one token each, so streamed text and token counts agree for every client.
+    output_vocab: Arc<Vec<u32>>,
+    eos_token_id: Option<u32>,
+}
+
+impl std::fmt::Debug for EngineTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineTokenizer").field("vocab", &self.tokenizer.get_vocab_size(true)).finish()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
+    match fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| TokenizerError::File { path: path.to_owned(), message: e.to_string() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(TokenizerError::File { path: path.to_owned(), message: e.to_string() }),
+    }
+}
+
+/// `"<s>"` or `{"content": "<s>", ...}` as Hugging Face configs write special tokens.
+fn token_string(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+impl EngineTokenizer {
+    /// Loads `tokenizer.json`, `tokenizer_config.json` and, when present, `chat_template.jinja`
+    /// (which takes precedence, as in `transformers`) from a Hugging Face directory.
+    pub fn from_dir(dir: &Path) -> Result<EngineTokenizer, TokenizerError> {
+        let tok_path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tok_path)
+            .map_err(|e| TokenizerError::File { path: tok_path.clone(), message: e.to_string() })?;
+        let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Object(Map::new()));
+        let jinja_path = dir.join("chat_template.jinja");
+        let template = match fs::read_to_string(&jinja_path) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match config.get("chat_template") {
+                Some(Value::String(s)) => Some(s.clone()),
+                // A list of named templates: use the one named "default".
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template").and_then(Value::as_str))
+                    .map(str::to_owned),
+                _ => None,
+            },
+            Err(e) => return Err(TokenizerError::File { path: jinja_path, message: e.to_string() }),
+        };
+        Self::new(tokenizer, template, token_string(config.get("bos_token")), token_string(config.get("eos_token")))
+    }
+
+    /// Builds from parts (used by tests and by [`train`]).
+    pub fn new(
+        tokenizer: Tokenizer,
+        template: Option<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<EngineTokenizer, TokenizerError> {
+        let env = match template {
+            None => None,
+            Some(t) => {
+                let mut env = Environment::new();
+                // Hugging Face renders chat templates with these Jinja settings.
+                env.set_trim_blocks(true);
+                env.set_lstrip_blocks(true);
+                env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+                env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+                    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+                });
+                env.add_template_owned(TEMPLATE_NAME, t).map_err(|e| TokenizerError::Template(e.to_string()))?;
+                Some(env)
+            }
+        };
+        let eos_token_id = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t));
+        let output_vocab = Arc::new(word_tokens(&tokenizer));
+        Ok(EngineTokenizer { tokenizer, env, bos_token, eos_token, output_vocab, eos_token_id })
+    }
+
+    /// Encodes a completion prompt (special tokens added, as vLLM does for `/v1/completions`).
+    pub fn encode_prompt(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenizer
+            .encode(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// Renders the chat template for `messages` (OpenAI message objects).
+    pub fn render_chat(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        tools: Option<&Value>,
+        template_kwargs: Option<&Map<String, Value>>,
+    ) -> Result<String, TokenizerError> {
+        let env = self.env.as_ref().ok_or(TokenizerError::NoChatTemplate)?;
+        let mut ctx = Map::new();
+        if let Some(kw) = template_kwargs {
+            ctx.extend(kw.clone());
+        }
+        ctx.insert("messages".into(), Value::Array(messages.iter().map(normalize_message).collect()));
+        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt && !continue_final_message));
+        ctx.insert("bos_token".into(), self.bos_token.clone().map_or(Value::String(String::new()), Value::String));
+        ctx.insert("eos_token".into(), self.eos_token.clone().map_or(Value::String(String::new()), Value::String));
+        if let Some(t) = tools {
+            ctx.insert("tools".into(), t.clone());
+        }
+        let tmpl = env.get_template(TEMPLATE_NAME).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let mut rendered =
+            tmpl.render(minijinja::Value::from_serialize(&ctx)).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        if continue_final_message {
+            // Cut after the final message's content, as transformers does.
+            if let Some(last) = messages.last().and_then(|m| m.get("content")).map(content_text)
+                && let Some(pos) = rendered.rfind(last.trim())
+            {
+                rendered.truncate(pos + last.trim().len());
+            }
+        }
+        Ok(rendered)
+    }
+
+    /// Tokens of a chat request, exactly as the engine computes them.
+    pub fn encode_chat(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        tools: Option<&Value>,
+        template_kwargs: Option<&Map<String, Value>>,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.render_chat(messages, add_generation_prompt, continue_final_message, tools, template_kwargs)?;
+        self.encode_prompt(&text, add_special_tokens)
+    }
+
+    /// Decodes tokens to text.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        self.tokenizer.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// The text of one token.
+    pub fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], true).unwrap_or_default()
+    }
+
+    /// The string form of one token (vocabulary entry).
+    pub fn token_str(&self, id: u32) -> String {
+        self.tokenizer.id_to_token(id).unwrap_or_default()
+    }
+
+    /// Token ids outputs are drawn from.
+    pub fn output_vocab(&self) -> Arc<Vec<u32>> {
+        self.output_vocab.clone()
+    }
+
+    /// End-of-sequence token id, if the tokenizer declares one.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
+    }
+}
+
+/// Content as a string: vLLM's "string" content format joins the text parts with newlines.
+fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("text").and_then(Value::as_str).map(str::to_owned),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn normalize_message(m: &Value) -> Value {
+    let mut m = m.clone();
+    if let Some(obj) = m.as_object_mut()
+        && let Some(c) = obj.get("content")
+        && c.is_array()
+    {
+        let text = content_text(c);
+        obj.insert("content".into(), Value::String(text));
+    }
+    m
+}
+
+/// Whole-word vocabulary entries (`Ġword` in byte-level BPE, or plain alphabetic words) that
+/// re-encode to themselves.
+fn word_tokens(tok: &Tokenizer) -> Vec<u32> {
+    let mut ids: Vec<u32> = tok
+        .get_vocab(false)
+        .into_iter()
+        .filter(|(s, _)| {
+            let word = s.strip_prefix('Ġ').unwrap_or(s);
+            s.starts_with('Ġ') && word.len() >= 2 && word.chars().all(|c| c.is_ascii_lowercase())
+        })
+        .filter(|(s, id)| {
+            let text = format!(" {}", s.trim_start_matches('Ġ'));
+            tok.encode(text.as_str(), false).map(|e| e.get_ids() == [*id]).unwrap_or(false)
+        })
+        .map(|(_, id)| id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Finds the default tokenizer directory by walking up from `start` (the workspace root holds
+/// `sim/tokenizer`).
+pub fn find_default_dir(start: &Path) -> Option<PathBuf> {
+    start.ancestors().map(|a| a.join(DEFAULT_TOKENIZER_DIR)).find(|p| p.join("tokenizer.json").is_file())
+}
