@@ -5,6 +5,7 @@
 //! (the CustomResourceDefinition manifests). Exit codes: 0 success, 1 invalid input
 //! (configuration errors), 2 usage errors (bad arguments, unreadable files).
 
+mod calibrate;
 mod crds;
 mod explain;
 mod signals;
@@ -34,6 +35,8 @@ enum Command {
     Crds(crds::Args),
     /// Run simulated vLLM workers (flags mirror `vllm serve`).
     Sim(sim::Args),
+    /// Run simulated engines in virtual time to calibrate a profile.
+    Calibrate(calibrate::Args),
     /// Manage the project's test tokenizer.
     Tokenizer(tokenizer::Args),
 }
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Crds(args) => crds::run(&args),
         Command::Tokenizer(args) => tokenizer::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Calibrate(args) => calibrate::run_all(&args),
     };
     match result {
         Ok(Exit::Ok) => ExitCode::SUCCESS,

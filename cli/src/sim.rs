@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use serde_json::json;
 use switchyard_sim::profile;
-use switchyard_sim::tokenizer::find_default_dir;
 use switchyard_sim::wire::WireFormat;
 use switchyard_sim::{Fleet, KvEventsConfig, SimConfig};
+use switchyard_tokenizer::find_default_dir;
 
 use crate::Exit;
 
@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long)]
     served_model_name: Option<String>,
     /// Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json); defaults to
-    /// the project's `sim/tokenizer`.
+    /// the project's `tokenizer/files`.
     #[arg(long, value_name = "DIR")]
     tokenizer: Option<PathBuf>,
     /// Engine profile: `tiny` (fast tests) or `l40s-27b-fp8` (the benchmark's reference).

@@ -17,7 +17,7 @@ enum Command {
     /// directory (tokenizer.json, tokenizer_config.json).
     Train {
         /// Output directory.
-        #[arg(long, default_value = switchyard_sim::tokenizer::DEFAULT_TOKENIZER_DIR)]
+        #[arg(long, default_value = switchyard_tokenizer::DEFAULT_TOKENIZER_DIR)]
         out: PathBuf,
     },
 }
@@ -26,7 +26,7 @@ enum Command {
 pub fn run(args: &Args) -> anyhow::Result<Exit> {
     match &args.command {
         Command::Train { out } => {
-            switchyard_sim::tokenizer::train::train(out)?;
+            switchyard_tokenizer::train::train(out)?;
             eprintln!("wrote {}", out.display());
         }
     }

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TOKENIZER_DIR = REPO / "sim" / "tokenizer"
+TOKENIZER_DIR = REPO / "tokenizer" / "files"
 
 
 def switchyard_bin() -> str:

@@ -23,8 +23,8 @@ use crate::profile::Profile;
 use crate::publisher::{Publisher, PublisherConfig, PublisherError};
 use crate::runtime::{self, LoopDeps};
 use crate::server::{AppState, router};
-use crate::tokenizer::{EngineTokenizer, TokenizerError};
 use crate::wire::WireFormat;
+use switchyard_tokenizer::{EngineTokenizer, TokenizerError};
 
 /// vLLM's `--kv-events-config` JSON (unknown keys are accepted and ignored, as vLLM's
 /// config is a growing dataclass).

@@ -9,6 +9,7 @@
 //! `--time-scale` × real time. Simulator-only endpoints expose ground truth for benchmark
 //! oracles and arm faults for reliability tests ([`faults`]).
 
+pub mod calibrate;
 pub mod engine;
 pub mod faults;
 pub mod fleet;
@@ -18,7 +19,6 @@ pub mod profile;
 pub mod publisher;
 pub mod runtime;
 pub mod server;
-pub mod tokenizer;
 pub mod wire;
 
 pub use fleet::{Fleet, KvEventsConfig, SimConfig, WorkerInfo};

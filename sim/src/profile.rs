@@ -94,7 +94,7 @@ pub const L40S_27B_FP8: Profile = Profile {
     max_model_len: 32_768,
     timing: StepTiming {
         base_ms: 36.0,
-        prefill_ms_per_token: 0.27,
+        prefill_ms_per_token: 0.42,
         decode_ms_per_seq: 0.35,
         attention_ms_per_ktoken: 0.05,
     },

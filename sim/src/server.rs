@@ -27,7 +27,7 @@ use crate::engine::mix;
 use crate::faults::{FaultRequest, Faults};
 use crate::metrics::Metrics;
 use crate::runtime::{Emitted, WorkerHandle};
-use crate::tokenizer::{EngineTokenizer, TokenizerError};
+use switchyard_tokenizer::{EngineTokenizer, TokenizerError};
 
 /// Shared state of one worker's HTTP server.
 pub struct AppState {

@@ -188,3 +188,52 @@ fn abort_frees_blocks() {
     assert_eq!(e.stats().kv_usage, 0.0);
     assert!(!e.has_work());
 }
+
+/// Over random workloads, a subscriber that applies the engine's events to a set of hashes
+/// always holds exactly the engine's cached blocks, and every request finishes.
+#[test]
+fn events_track_the_cache_exactly_under_random_load() {
+    use std::collections::HashSet;
+    for seed in 0..40u64 {
+        let mut e = Engine::new(profile(48), seed, seed, Arc::new(vec![7, 8, 9]));
+        let mut rng = seed.wrapping_add(1);
+        let mut next = move || {
+            rng = mix(rng);
+            rng
+        };
+        let mut view: HashSet<u64> = HashSet::new();
+        let mut submitted = 0;
+        let mut finished = 0;
+        for step in 0..3000 {
+            if step % 3 == 0 && submitted < 60 {
+                // Prompts share one of 4 prefixes so the cache is reused and evicted.
+                let prefix = (next() % 4) as u32;
+                let mut p: Vec<u32> = (0..(next() % 40) as u32).map(|i| prefix * 1000 + i).collect();
+                p.extend((0..1 + next() % 20).map(|_| (next() % 50_000) as u32));
+                e.add_request(p, 1 + (next() % 12) as u32);
+                submitted += 1;
+            }
+            let Some(out) = e.step() else { continue };
+            finished += out.tokens.iter().filter(|t| t.finished).count();
+            for ev in out.events {
+                match ev {
+                    KvEvent::BlockStored { block_hashes, .. } => {
+                        for h in block_hashes {
+                            assert!(view.insert(h), "seed {seed}: block stored twice without removal");
+                        }
+                    }
+                    KvEvent::BlockRemoved { block_hashes } => {
+                        for h in block_hashes {
+                            assert!(view.remove(&h), "seed {seed}: removal of a block never stored");
+                        }
+                    }
+                    KvEvent::AllBlocksCleared => view.clear(),
+                }
+            }
+            assert_eq!(view.len(), e.stats().cached_blocks as usize, "seed {seed}: subscriber view diverged");
+            let u = e.stats().kv_usage;
+            assert!((0.0..=1.0).contains(&u));
+        }
+        assert_eq!(finished, submitted, "seed {seed}: every request finishes");
+    }
+}

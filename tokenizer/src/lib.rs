@@ -6,7 +6,7 @@
 //! adding special tokens; a plain completion prompt is encoded with special tokens. This module
 //! does the same with the `tokenizers` crate and `minijinja`.
 //!
-//! The project ships its own small byte-level BPE tokenizer (`sim/tokenizer/`), trained by
+//! The project ships its own small byte-level BPE tokenizer (`tokenizer/files/`), trained by
 //! [`train`] from text the project generates, in Hugging Face directory form so Python tools
 //! (GuideLLM, `transformers`, the peer routers) load the very same files.
 
@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
 /// The default tokenizer directory (committed in the repository), relative to the workspace.
-pub const DEFAULT_TOKENIZER_DIR: &str = "sim/tokenizer";
+pub const DEFAULT_TOKENIZER_DIR: &str = "tokenizer/files";
 
 const TEMPLATE_NAME: &str = "chat";
 
@@ -270,7 +270,57 @@ fn word_tokens(tok: &Tokenizer) -> Vec<u32> {
 }
 
 /// Finds the default tokenizer directory by walking up from `start` (the workspace root holds
-/// `sim/tokenizer`).
+/// `tokenizer/files`).
 pub fn find_default_dir(start: &Path) -> Option<PathBuf> {
     start.ancestors().map(|a| a.join(DEFAULT_TOKENIZER_DIR)).find(|p| p.join("tokenizer.json").is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn shipped() -> EngineTokenizer {
+        EngineTokenizer::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("files"))
+            .expect("shipped tokenizer loads")
+    }
+
+    #[test]
+    fn chat_rendering_uses_chatml_and_special_tokens() {
+        let t = shipped();
+        let msgs = [
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}),
+        ];
+        let text = t.render_chat(&msgs, true, false, None, None).expect("renders");
+        assert_eq!(
+            text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let ids = t.encode_chat(&msgs, true, false, None, None, false).expect("encodes");
+        let start = t.tokenizer.token_to_id("<|im_start|>").expect("special token");
+        assert_eq!(ids[0], start);
+        assert_eq!(ids.iter().filter(|&&i| i == start).count(), 3);
+        assert_eq!(t.decode(&ids, false).expect("decodes"), text);
+    }
+
+    #[test]
+    fn output_vocabulary_round_trips_one_token_per_word() {
+        let t = shipped();
+        let vocab = t.output_vocab();
+        assert!(vocab.len() > 200, "{}", vocab.len());
+        let text: String = vocab.iter().take(50).map(|&id| t.token_text(id)).collect();
+        assert_eq!(t.encode_prompt(&text, false).expect("encodes"), vocab[..50].to_vec());
+        assert_eq!(t.eos_token_id(), t.tokenizer.token_to_id("<|im_end|>"));
+    }
+
+    #[test]
+    fn template_errors_are_reported() {
+        let tok = shipped().tokenizer;
+        let t = EngineTokenizer::new(tok, Some("{{ raise_exception('no system role') }}".into()), None, None)
+            .expect("compiles");
+        let err =
+            t.render_chat(&[json!({"role": "user", "content": "x"})], true, false, None, None).expect_err("raises");
+        assert!(err.to_string().contains("no system role"), "{err}");
+    }
 }
