@@ -167,6 +167,7 @@ fn build_snapshot(
                 running_requests: w.running_requests,
                 waiting_prefill_tokens: w.waiting_prefill_tokens,
                 kv_cache_usage_percent: w.kv_cache_usage_percent,
+                ttft: None,
             },
         );
         if w.cached_prefix_tokens > 0 {

@@ -11,6 +11,7 @@ mod explain;
 mod signals;
 mod sim;
 mod tokenizer;
+mod up;
 mod validate;
 
 use std::process::ExitCode;
@@ -33,6 +34,10 @@ enum Command {
     Explain(explain::Args),
     /// Print the CustomResourceDefinition manifests (or write them to a directory).
     Crds(crds::Args),
+    /// Start a local fleet (simulated workers + a spoke) on loopback.
+    Up(up::UpArgs),
+    /// Run a spoke: KV-cache-aware routing over configured vLLM workers.
+    Spoke(up::SpokeArgs),
     /// Run simulated vLLM workers (flags mirror `vllm serve`).
     Sim(sim::Args),
     /// Run simulated engines in virtual time to calibrate a profile.
@@ -73,6 +78,8 @@ fn main() -> ExitCode {
         Command::Crds(args) => crds::run(&args),
         Command::Tokenizer(args) => tokenizer::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Up(args) => up::run_up(&args),
+        Command::Spoke(args) => up::run_spoke(&args),
         Command::Calibrate(args) => calibrate::run_all(&args),
     };
     match result {

@@ -34,6 +34,7 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
                     running_requests: (i * 13 + s) % 40,
                     waiting_prefill_tokens: None,
                     kv_cache_usage_percent: f64::from((i * 17 + s * 3) % 100),
+                    ttft: None,
                 },
             );
             if i.is_multiple_of(3) {

@@ -29,6 +29,18 @@ use crate::request::{RequestFeatures, WorkerKey};
 use crate::resolve::{self, ResolveError};
 use crate::snapshot::FleetSnapshot;
 
+/// Cache footprint in the PredictedTTFT ranking. A placement that prefills `p` ms of uncached
+/// tokens scores `ttft + p × (COLD_PLACEMENT_WEIGHT + KV_PRESSURE_WEIGHT × kv_usage)`: the
+/// blocks it writes occupy cache (evicting what other requests would reuse, more so on a
+/// fuller cache) and duplicate a prefix another worker may already hold. A request that is
+/// mostly cached is nearly unaffected. Without this term, equal predicted TTFTs — common when
+/// a prefix's first request is still prefilling on the worker that will cache it — send
+/// copies of the same prefix to every momentarily idle worker, and new prefixes pile onto
+/// whichever worker happens to be idle.
+pub const COLD_PLACEMENT_WEIGHT: f64 = 0.2;
+/// See [`COLD_PLACEMENT_WEIGHT`].
+pub const KV_PRESSURE_WEIGHT: f64 = 0.5;
+
 /// Where a request is sent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
@@ -117,6 +129,9 @@ pub struct Candidate {
     pub cached_tokens: u32,
     /// Predicted time to first token.
     pub predicted_ttft: TtftPrediction,
+    /// What `minimize: PredictedTTFT` ranks by: the predicted TTFT plus the cache footprint of
+    /// the placement (see [`COLD_PLACEMENT_WEIGHT`]).
+    pub score_ms: f64,
     /// Estimated cost of this request here, US dollars.
     pub estimated_cost_usd: f64,
 }
@@ -337,7 +352,7 @@ fn gather(
                     continue;
                 }
                 let cached = req.cached_on(&key);
-                let predicted = ws.ttft.predict(&TtftInputs {
+                let predicted = state.ttft.as_ref().unwrap_or(&ws.ttft).predict(&TtftInputs {
                     prompt_tokens: req.prompt_tokens,
                     cached_tokens: cached,
                     waiting_requests: state.waiting_requests,
@@ -346,6 +361,9 @@ fn gather(
                 });
                 let decode_rate = if ws.decode_tokens_per_sec > 0.0 { ws.decode_tokens_per_sec } else { 1_000.0 };
                 let busy_s = predicted.prefill_ms / 1_000.0 + output_tokens / decode_rate;
+                let pressure = (state.kv_cache_usage_percent / 100.0).clamp(0.0, 1.0);
+                let score_ms =
+                    predicted.total_ms + predicted.prefill_ms * (COLD_PLACEMENT_WEIGHT + KV_PRESSURE_WEIGHT * pressure);
                 local.push(Candidate {
                     target,
                     public_model: public.clone(),
@@ -357,6 +375,7 @@ fn gather(
                     kv_cache_usage_percent: state.kv_cache_usage_percent,
                     cached_tokens: cached,
                     predicted_ttft: predicted,
+                    score_ms,
                     estimated_cost_usd: ws.hourly_cost.as_usd_f64() * busy_s / 3_600.0,
                 });
             }
@@ -393,6 +412,7 @@ fn gather(
                     queue_ms: 0.0,
                     prefill_ms: 0.0,
                 },
+                score_ms: if ttft.is_finite() { ttft } else { 0.0 },
                 estimated_cost_usd: per_million(model.prices.input_per_million, f64::from(req.prompt_tokens))
                     + per_million(model.prices.output_per_million, output_tokens),
             });
@@ -520,8 +540,8 @@ fn rank(cands: &mut Vec<Candidate>, objective: Objective, tie_breaker: u64) {
         .drain(..)
         .map(|c| {
             let key = match objective {
-                Objective::PredictedTtft => (c.predicted_ttft.total_ms, c.estimated_cost_usd),
-                Objective::Cost => (c.estimated_cost_usd, c.predicted_ttft.total_ms),
+                Objective::PredictedTtft => (c.score_ms, c.estimated_cost_usd),
+                Objective::Cost => (c.estimated_cost_usd, c.score_ms),
             };
             let label = c.label();
             (key, mix(tie_breaker, &label), label, c)

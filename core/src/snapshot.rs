@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::predictor::TtftModel;
 use crate::request::WorkerKey;
 
 /// State of the fleet as of one instant.
@@ -39,6 +40,9 @@ pub struct WorkerState {
     /// KV-cache usage in percent, 0..=100.
     #[serde(default)]
     pub kv_cache_usage_percent: f64,
+    /// TTFT model calibrated online for this worker; the worker set's model when absent.
+    #[serde(default)]
+    pub ttft: Option<TtftModel>,
 }
 
 /// Availability of one provider.
@@ -61,6 +65,7 @@ impl Default for WorkerState {
             running_requests: 0,
             waiting_prefill_tokens: None,
             kv_cache_usage_percent: 0.0,
+            ttft: None,
         }
     }
 }

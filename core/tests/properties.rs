@@ -177,6 +177,7 @@ fn build(seed: u64) -> Case {
                     running_requests: g.below(40) as u32,
                     waiting_prefill_tokens: g.chance(30).then(|| g.below(50_000)),
                     kv_cache_usage_percent: g.below(1001) as f64 / 10.0,
+                    ttft: None,
                 },
             );
             if g.chance(40) {

@@ -121,3 +121,110 @@ def free_port_pair(workers: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no free port range")
+
+
+def spoke_config(sims, *, model="sim-model", tokenizer_source="Files", chat_template=None, policies="", worker_set="local",
+                 prefill_tokens_per_second=100_000):
+    """YAML for a spoke fronting every worker of `sims` (one worker set)."""
+    lines = []
+    for sim in sims:
+        for w in sim.workers:
+            port = w["url"].rsplit(":", 1)[1]
+            kv = w.get("kvEvents") or ""
+            rp = w.get("kvReplay") or ""
+            kvp = kv.rsplit(":", 1)[1] if kv else "1"
+            rpp = rp.rsplit(":", 1)[1] if rp else "1"
+            lines.append(f"    - {{name: w{len(lines)}, host: 127.0.0.1, httpPort: {port}, kvEventsPort: {kvp}, kvReplayPort: {rpp}}}")
+    tok = f"    source: {tokenizer_source}\n"
+    if tokenizer_source == "Files":
+        tok += f"    path: {TOKENIZER_DIR}\n"
+    if chat_template:
+        tok += f"    chatTemplate: {chat_template}\n"
+    return f"""apiVersion: switchyard.dev/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{name: {worker_set}}}
+spec:
+  model: {model}
+  cluster: test
+  endpoints:
+    static:
+{chr(10).join(lines)}
+  kvBlockSize: 16
+  capacity: {{prefillTokensPerSecond: {prefill_tokens_per_second}}}
+  tokenizer:
+{tok}---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: local}}
+spec:
+  members: [{{workerSet: {worker_set}}}]
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: GatewayBackend
+metadata: {{name: local}}
+spec:
+  models: [{{name: {model}, pool: local}}]
+  aliases: [{{name: standard-model, targets: [{model}]}}]
+{policies}"""
+
+
+class Spoke:
+    def __init__(self, proc, url, config_dir):
+        self.proc = proc
+        self.url = url
+        self.config_dir = config_dir
+
+    def status(self):
+        return httpx.get(self.url + "/status", timeout=5).json()
+
+    def decision(self, decision_id):
+        return httpx.get(f"{self.url}/debug/decisions/{decision_id}", timeout=5).json()
+
+    def write_config(self, text):
+        tmp = self.config_dir / "fleet.yaml.tmp"
+        tmp.write_text(text)
+        tmp.rename(self.config_dir / "fleet.yaml")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def start_spoke():
+    started = []
+
+    def start(config_text):
+        tmp = Path(tempfile.mkdtemp(prefix="spoke-"))
+        cfg = tmp / "config"
+        cfg.mkdir()
+        (cfg / "fleet.yaml").write_text(config_text)
+        ready = tmp / "ready.json"
+        log = tmp / "spoke.log"
+        proc = subprocess.Popen([switchyard_bin(), "spoke", "--config", str(cfg), "--listen", "127.0.0.1:0", "--ready-file", str(ready)],
+                                stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "SWITCHYARD_LOG": "info"})
+        deadline = time.time() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"spoke did not start: {log.read_text()}")
+            time.sleep(0.05)
+        spoke = Spoke(proc, json.loads(ready.read_text())["url"], cfg)
+        started.append(spoke)
+        # Ready once every worker has been scraped.
+        while time.time() < deadline:
+            st = spoke.status()
+            if st["workers"] and all(w["scraped"] for w in st["workers"]):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # let the KV subscribers connect
+        return spoke
+
+    yield start
+    for s in started:
+        s.stop()

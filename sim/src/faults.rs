@@ -4,7 +4,7 @@
 //! exactly N failures and observe them. Nothing here is active unless armed.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +14,6 @@ pub struct Faults {
     drop_event_batches: AtomicU32,
     lose_event_batches: AtomicU32,
     duplicate_event_batches: AtomicU32,
-    restart_event_stream: AtomicBool,
     slowdown_bits: AtomicU64,
     fail_requests: AtomicU32,
     cut_streams: Mutex<(u32, u32)>,
@@ -35,7 +34,7 @@ pub struct FaultRequest {
     /// Send the next N event batches twice.
     #[serde(default)]
     pub duplicate_event_batches: Option<u32>,
-    /// Restart the event stream as an engine restart does: the prefix cache is cleared
+    /// Restart the event stream now, as an engine restart does: the prefix cache is cleared
     /// (`AllBlocksCleared`), the sequence goes back to 0 and the replay buffer is emptied.
     #[serde(default)]
     pub restart_event_stream: Option<bool>,
@@ -76,9 +75,6 @@ impl Faults {
         if let Some(n) = r.duplicate_event_batches {
             self.duplicate_event_batches.store(n, Ordering::SeqCst);
         }
-        if r.restart_event_stream == Some(true) {
-            self.restart_event_stream.store(true, Ordering::SeqCst);
-        }
         if let Some(f) = r.slowdown {
             self.slowdown_bits.store(f.to_bits(), Ordering::SeqCst);
         }
@@ -99,7 +95,7 @@ impl Faults {
             drop_event_batches: Some(self.drop_event_batches.load(Ordering::SeqCst)),
             lose_event_batches: Some(self.lose_event_batches.load(Ordering::SeqCst)),
             duplicate_event_batches: Some(self.duplicate_event_batches.load(Ordering::SeqCst)),
-            restart_event_stream: Some(self.restart_event_stream.load(Ordering::SeqCst)),
+            restart_event_stream: Some(false),
             slowdown: Some(self.slowdown()),
             fail_requests: Some(self.fail_requests.load(Ordering::SeqCst)),
             cut_streams: Some(CutStreams { count: cut.0, after_tokens: cut.1 }),
@@ -119,11 +115,6 @@ impl Faults {
     /// Consumes one armed duplicate.
     pub fn take_duplicate(&self) -> bool {
         take(&self.duplicate_event_batches)
-    }
-
-    /// Consumes an armed restart.
-    pub fn take_restart(&self) -> bool {
-        self.restart_event_stream.swap(false, Ordering::SeqCst)
     }
 
     /// Step-duration factor.

@@ -49,6 +49,7 @@ enum Command {
     Add { prompt: Vec<u32>, max_tokens: u32, out: mpsc::UnboundedSender<Emitted>, natural_stop: bool },
     Oracle { tokens: Vec<u32>, reply: oneshot::Sender<OracleAnswer> },
     State { reply: oneshot::Sender<(EngineStats, EngineCounters)> },
+    RestartEvents,
 }
 
 /// Sends work to a running worker. Cheap to clone.
@@ -81,6 +82,12 @@ impl WorkerHandle {
         let (reply, rx) = oneshot::channel();
         self.tx.send(Command::Oracle { tokens, reply }).map_err(|_| EngineStopped)?;
         rx.await.map_err(|_| EngineStopped)
+    }
+
+    /// Simulates an engine restart for event consumers: the prefix cache is cleared and the
+    /// event stream restarts at sequence 0 with `AllBlocksCleared`.
+    pub fn restart_events(&self) -> Result<(), EngineStopped> {
+        self.tx.send(Command::RestartEvents).map_err(|_| EngineStopped)
     }
 
     /// Current state and counters.
@@ -130,17 +137,11 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
                 () = deps.shutdown.cancelled() => None,
             };
             let Some(cmd) = cmd else { return };
-            handle(&mut engine, &mut live, cmd);
+            handle(&mut engine, &mut live, cmd, &deps);
             next_deadline = Instant::now();
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut engine, &mut live, cmd);
-        }
-        if let Some(publisher) = &deps.publisher
-            && deps.faults.take_restart()
-        {
-            let cleared = engine.reset_prefix_cache();
-            let _ = publisher.send(PublisherCommand::Restart(vec![cleared]));
+            handle(&mut engine, &mut live, cmd, &deps);
         }
         let gone: Vec<RequestId> = live.iter().filter(|(_, l)| l.out.is_closed()).map(|(id, _)| *id).collect();
         for id in gone {
@@ -158,7 +159,7 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
             tokio::select! {
                 () = sleep_until(next_deadline) => break,
                 c = rx.recv() => match c {
-                    Some(cmd) => handle(&mut engine, &mut live, cmd),
+                    Some(cmd) => handle(&mut engine, &mut live, cmd, &deps),
                     None => return,
                 },
                 () = deps.shutdown.cancelled() => return,
@@ -206,7 +207,7 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
     }
 }
 
-fn handle(engine: &mut Engine, live: &mut HashMap<RequestId, Live>, cmd: Command) {
+fn handle(engine: &mut Engine, live: &mut HashMap<RequestId, Live>, cmd: Command, deps: &LoopDeps) {
     match cmd {
         Command::Add { prompt, max_tokens, out, natural_stop } => {
             let id = engine.add_request(prompt, max_tokens);
@@ -222,6 +223,12 @@ fn handle(engine: &mut Engine, live: &mut HashMap<RequestId, Live>, cmd: Command
         }
         Command::State { reply } => {
             let _ = reply.send((engine.stats(), engine.counters()));
+        }
+        Command::RestartEvents => {
+            let cleared = engine.reset_prefix_cache();
+            if let Some(publisher) = &deps.publisher {
+                let _ = publisher.send(PublisherCommand::Restart(vec![cleared]));
+            }
         }
     }
 }

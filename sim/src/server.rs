@@ -553,6 +553,13 @@ async fn set_faults(State(state): State<Shared>, body: Bytes) -> Result<Response
     let req: FaultRequest =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid fault request: {e}")))?;
     state.faults.arm(&req);
+    if req.restart_event_stream == Some(true) {
+        state.worker.restart_events().map_err(|e| ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: e.to_string(),
+            param: None,
+        })?;
+    }
     Ok(axum::Json(state.faults.snapshot()).into_response())
 }
 

@@ -137,6 +137,11 @@ impl EngineTokenizer {
         Ok(EngineTokenizer { tokenizer, env, bos_token, eos_token, output_vocab, eos_token_id })
     }
 
+    /// The same tokenizer with another chat template (a worker set's `chatTemplate` override).
+    pub fn with_chat_template(self, template: String) -> Result<EngineTokenizer, TokenizerError> {
+        EngineTokenizer::new(self.tokenizer, Some(template), self.bos_token, self.eos_token)
+    }
+
     /// Encodes a completion prompt (special tokens added, as vLLM does for `/v1/completions`).
     pub fn encode_prompt(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         self.tokenizer

@@ -1,0 +1,137 @@
+//! Turning a request into exactly the tokens the engine will compute.
+//!
+//! Two sources, per worker set: `Files` renders the chat template and encodes locally with
+//! the same Hugging Face files the engine loads; `Engine` asks a worker's own
+//! `/v1/chat/completions/render` (or `/v1/completions/render`) with the raw request body, so
+//! fields a local renderer might drop (tools, template kwargs) cannot cause drift.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use switchyard_crds::TokenizerSource;
+use switchyard_tokenizer::EngineTokenizer;
+
+use crate::topology::TokenizerConfig;
+
+/// Which OpenAI API a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// Why tokens could not be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizeError {
+    /// The request itself is malformed (client error).
+    #[error("{0}")]
+    BadRequest(String),
+    /// No tokenizer is available (configuration or engine problem).
+    #[error("tokenizer unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The tokenizer of one worker set.
+#[derive(Clone, Debug)]
+pub enum Tokenizer {
+    /// Local files.
+    Local(Arc<EngineTokenizer>),
+    /// The engines' render endpoints.
+    Engine,
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a worker set's configuration asks for.
+    pub fn from_config(cfg: &TokenizerConfig) -> Result<Tokenizer, TokenizeError> {
+        match cfg.source {
+            TokenizerSource::Engine => Ok(Tokenizer::Engine),
+            TokenizerSource::Files => {
+                let dir = cfg
+                    .path
+                    .as_deref()
+                    .ok_or_else(|| TokenizeError::Unavailable("tokenizer.path is not set".into()))?;
+                let mut t =
+                    EngineTokenizer::from_dir(Path::new(dir)).map_err(|e| TokenizeError::Unavailable(e.to_string()))?;
+                if let Some(template) = &cfg.chat_template {
+                    let text = std::fs::read_to_string(template)
+                        .map_err(|e| TokenizeError::Unavailable(format!("{template}: {e}")))?;
+                    t = t.with_chat_template(text).map_err(|e| TokenizeError::Unavailable(e.to_string()))?;
+                }
+                Ok(Tokenizer::Local(Arc::new(t)))
+            }
+        }
+    }
+
+    /// Tokens of `body` (an OpenAI request). `render_url` is a worker base URL, used by the
+    /// `Engine` source.
+    pub async fn tokens(
+        &self,
+        api: Api,
+        body: &Map<String, Value>,
+        client: &reqwest::Client,
+        render_url: Option<&str>,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        match self {
+            Tokenizer::Local(t) => local_tokens(t, api, body),
+            Tokenizer::Engine => {
+                let base =
+                    render_url.ok_or_else(|| TokenizeError::Unavailable("no healthy worker to render with".into()))?;
+                let path = match api {
+                    Api::Chat => "/v1/chat/completions/render",
+                    Api::Completion => "/v1/completions/render",
+                };
+                let r = client
+                    .post(format!("{base}{path}"))
+                    .json(body)
+                    .send()
+                    .await
+                    .map_err(|e| TokenizeError::Unavailable(format!("render: {e}")))?;
+                let status = r.status();
+                let v: Value = r.json().await.map_err(|e| TokenizeError::Unavailable(format!("render: {e}")))?;
+                if status.is_client_error() {
+                    let msg =
+                        v.pointer("/error/message").and_then(Value::as_str).unwrap_or("invalid request").to_owned();
+                    return Err(TokenizeError::BadRequest(msg));
+                }
+                // Chat render answers one object, completions render a list of them.
+                let obj = if v.is_array() { v.get(0).cloned().unwrap_or(Value::Null) } else { v };
+                serde_json::from_value(obj.get("token_ids").cloned().unwrap_or(Value::Null))
+                    .map_err(|_| TokenizeError::Unavailable("render returned no token_ids".into()))
+            }
+        }
+    }
+}
+
+fn local_tokens(t: &EngineTokenizer, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, TokenizeError> {
+    let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
+    match api {
+        Api::Chat => {
+            let messages = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or_else(|| TokenizeError::BadRequest("`messages` must be a list".into()))?;
+            let kwargs = body.get("chat_template_kwargs").and_then(Value::as_object);
+            t.encode_chat(
+                messages,
+                flag("add_generation_prompt", true),
+                flag("continue_final_message", false),
+                body.get("tools"),
+                kwargs,
+                flag("add_special_tokens", false),
+            )
+            .map_err(|e| TokenizeError::BadRequest(e.to_string()))
+        }
+        Api::Completion => match body.get("prompt") {
+            Some(Value::String(text)) => t
+                .encode_prompt(text, flag("add_special_tokens", true))
+                .map_err(|e| TokenizeError::BadRequest(e.to_string())),
+            Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
+                Ok(items.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
+            }
+            _ => Err(TokenizeError::BadRequest("`prompt` must be a string or a list of token ids".into())),
+        },
+    }
+}
