@@ -197,9 +197,9 @@ async fn plan(
         let mode = set.guard.lock().map(|g| g.mode()).unwrap_or(Mode::Exact);
         let bs = set.index.block_size();
         for w in app.registry.workers().into_iter().filter(|w| w.key.worker_set == *name) {
-            let blocks = overlaps.get(&w.id).copied().unwrap_or(0);
-            if blocks > 0 {
-                cached.insert(w.key.clone(), mode.trusted_cached(blocks * bs));
+            let trusted = mode.trusted_cached(overlaps.get(&w.id).copied().unwrap_or(0) * bs);
+            if trusted > 0 {
+                cached.insert(w.key.clone(), trusted);
             }
             let confirmed = set.index.indexed_overlap(w.id, &hashes) * bs;
             indexed_cached.insert(w.key.clone(), confirmed);
@@ -338,6 +338,7 @@ fn log_decision(app: &App, plan: &Plan, chosen: Option<&WorkerKey>, attempts: &[
         "attempts": attempts,
         "tokens": tokens,
         "cachedTokens": cached,
+        "indexedCachedTokens": plan.indexed_cached.iter().filter(|(_, v)| **v > 0).map(|(k, v)| json!({"workerSet": k.worker_set, "worker": k.worker, "cachedTokens": v})).collect::<Vec<_>>(),
         "fidelityModes": modes,
     });
     if let Ok(mut log) = app.decisions.lock() {
@@ -620,6 +621,7 @@ fn stream_through(
     let mut buf: Vec<u8> = Vec::new();
     let body = async_stream(move |tx| async move {
         let mut done = false;
+        let mut failed = false;
         while let Some(chunk) = upstream.next().await {
             match chunk {
                 Ok(bytes) => {
@@ -652,17 +654,16 @@ fn stream_through(
                 Err(e) => {
                     ctx.worker.load.mark_unhealthy();
                     let _ = tx.send(Ok(sse_error(&format!("the worker failed mid-stream: {e}")))).await;
+                    failed = true;
                     break;
                 }
             }
         }
-        if !done {
+        if !done && !failed {
             if !buf.is_empty() {
                 let _ = tx.send(Ok(Bytes::from(std::mem::take(&mut buf)))).await;
             }
-            if ctx.ttft_recorded || !done {
-                let _ = tx.send(Ok(sse_error("the stream ended before completion"))).await;
-            }
+            let _ = tx.send(Ok(sse_error("the worker ended the stream before completion"))).await;
         }
         ticket.finished();
     });
