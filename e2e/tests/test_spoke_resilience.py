@@ -195,3 +195,40 @@ def test_switchyard_up_serves_and_stops_cleanly(tmp_path):
     # Nothing left listening.
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_client_disconnect_cancels_the_engine_request(start_sim, start_spoke):
+    sim = start_sim("--time-scale", "20", kv_events=False)
+    spoke = start_spoke(spoke_config([sim]))
+    body = {"model": "sim-model", "prompt": "cancel me " * 20, "max_tokens": 500, "stream": True}
+    with httpx.stream("POST", spoke.url + "/v1/completions", json=body, timeout=30) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+                if seen == 3:
+                    break
+    # The spoke dropped its upstream request; the engine aborts it instead of generating 500 tokens.
+    def aborted():
+        text = httpx.get(sim.url + "/metrics").text
+        return 'finished_reason="abort"} 1.0' in text
+    assert wait_for(aborted, timeout=5)
+    assert sim.state()["running"] == 0
+
+
+def test_engine_rendered_tokens_route_to_the_cache(start_sim, start_spoke):
+    sim = start_sim(workers=3)
+    spoke = start_spoke(spoke_config([sim], tokenizer_source="Engine"))
+    rng = random.Random(4)
+    shared = prompt(rng, 300)
+    workers = []
+    for i in range(6):
+        body = {"model": "standard-model", "max_tokens": 2, "messages": [{"role": "system", "content": shared}, {"role": "user", "content": f"question {i}"}]}
+        r = httpx.post(spoke.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        workers.append(r.headers["x-switchyard-worker"])
+        cached = (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        if i > 0:
+            assert cached >= 290, cached
+    assert len(set(workers)) == 1, workers
+    assert spoke.status()["workerSets"]["local"]["mode"] == "EXACT"

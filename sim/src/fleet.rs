@@ -220,6 +220,11 @@ impl Fleet {
                 TcpListener::bind(&addr).await.map_err(|source| StartError::Listen { addr: addr.clone(), source })?;
             let http = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
             let app = router(state);
+            // Token-by-token streaming writes small frames; without TCP_NODELAY, Nagle's algorithm
+            // holds them back until the peer's delayed ACK (~40 ms on Linux).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let stop = shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 let _ = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;

@@ -183,7 +183,17 @@ async fn plan(
             .into_iter()
             .find(|w| w.key.worker_set == *name && w.load.healthy())
             .map(|w| w.endpoint.http_url.clone());
-        let toks = match tokenizer.tokens(api, body, &app.client, render_url.as_deref()).await {
+        // Engines know their served model name, not the public name or alias; only the render
+        // path sends the body on, so only it pays for the copy.
+        let set_body = match (tokenizer, topo.fleet.worker_sets.get(name)) {
+            (crate::tokenize::Tokenizer::Engine, Some(ws)) => {
+                let mut b = body.clone();
+                b.insert("model".into(), Value::String(ws.served_model.clone()));
+                std::borrow::Cow::Owned(b)
+            }
+            _ => std::borrow::Cow::Borrowed(body),
+        };
+        let toks = match tokenizer.tokens(api, &set_body, &app.client, render_url.as_deref()).await {
             Ok(t) => t,
             Err(TokenizeError::BadRequest(msg)) => return Err(ApiError::bad_request(msg)),
             Err(TokenizeError::Unavailable(msg)) => {

@@ -91,6 +91,7 @@ impl Spoke {
         let shutdown = CancellationToken::new();
         let client = reqwest::Client::builder()
             .connect_timeout(cfg.limits.connect_timeout)
+            .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| StartError::Client(e.to_string()))?;
@@ -137,6 +138,11 @@ impl Spoke {
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let router = http::router(app.clone());
+        // Token-by-token streaming writes small frames; without TCP_NODELAY, Nagle's algorithm
+        // holds them back until the peer's delayed ACK (~40 ms on Linux).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await;
