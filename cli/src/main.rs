@@ -8,6 +8,7 @@
 mod calibrate;
 mod crds;
 mod explain;
+mod lb;
 mod signals;
 mod sim;
 mod tokenizer;
@@ -42,6 +43,8 @@ enum Command {
     Sim(sim::Args),
     /// Run simulated engines in virtual time to calibrate a profile.
     Calibrate(calibrate::Args),
+    /// Baseline routers for the benchmark (random, round-robin, oracle).
+    Lb(lb::Args),
     /// Manage the project's test tokenizer.
     Tokenizer(tokenizer::Args),
 }
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Tokenizer(args) => tokenizer::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Up(args) => up::run_up(&args),
+        Command::Lb(args) => lb::run(&args),
         Command::Spoke(args) => up::run_spoke(&args),
         Command::Calibrate(args) => calibrate::run_all(&args),
     };
