@@ -123,6 +123,8 @@ pub fn router(app: Shared) -> Router {
         .route("/v1/completions", post(|s, h, r| generate(s, h, r, Api::Completion)))
         .route("/v1/models", get(models))
         .route("/healthz", get(|| async { StatusCode::OK }))
+        // vLLM-compatible liveness path (load generators and peer routers probe it).
+        .route("/health", get(|| async { StatusCode::OK }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))

@@ -1,0 +1,70 @@
+"""Turns benchmark runs into report.md (tables with ratios vs random and vs the best peer)
+and PNG plots (TTFT p50/p95 and goodput vs concurrency, one figure per workload)."""
+
+from pathlib import Path
+
+PEERS = ["sglang-cache-aware", "vllm-router-cache-aware"]
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if unit == "ms":
+        return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def ratio(a, b):
+    if not a or not b:
+        return "-"
+    return f"{b / a:.1f}×"
+
+
+def write_report(out, meta, runs):
+    out = Path(out)
+    lines = ["# Routing benchmark", "",
+             f"Command: `{meta['command']}`  ",
+             f"Profile `{meta['profile']}`, {meta['workers']} workers, time scale {meta['time_scale']} "
+             f"(figures converted to scale 1), {meta['duration_s']:.0f} s per point, seed {meta['seed']}, "
+             f"{meta['machine']['cores']} cores, wall time {meta['wall_s']} s.  ",
+             f"Machine: `{meta['machine']['uname']}`", ""]
+    workloads = sorted({r["workload"] for r in runs}, key=["control", "shared-prefix", "multi-turn"].index)
+    for w in workloads:
+        lines += [f"## {w}", "", "| router | c | TTFT p50 | TTFT p95 | ITL p50 | E2E p50 | req/min | goodput/min | cache hit | TTFT p50 vs random | vs best peer |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in [r for r in runs if r["workload"] == w]:
+            same = [x for x in runs if x["workload"] == w and x["concurrency"] == r["concurrency"]]
+            rnd = next((x for x in same if x["router"] == "random"), None)
+            peers = [x["ttft_ms_p50"] for x in same if x["router"] in PEERS and x["ttft_ms_p50"]]
+            best_peer = min(peers) if peers else None
+            lines.append(
+                f"| {r['router']} | {r['concurrency']} | {fmt(r['ttft_ms_p50'], 'ms')} | {fmt(r['ttft_ms_p95'], 'ms')} | "
+                f"{fmt(r['itl_ms_p50'], 'ms')} | {r['e2e_s_p50']:.1f} s | {r['requests_per_min']:.1f} | {r['goodput_per_min']:.1f} | "
+                f"{100 * r['cache_hit_rate']:.0f} % | {ratio(r['ttft_ms_p50'], rnd['ttft_ms_p50'] if rnd else None)} | "
+                f"{ratio(r['ttft_ms_p50'], best_peer)} |")
+        lines.append("")
+    lines += ["Ratios: how many times lower this router's median TTFT is than random's / the best peer's at the same concurrency.", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for w in workloads:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for router in sorted({r["router"] for r in runs}):
+            pts = sorted((r["concurrency"], r) for r in runs if r["workload"] == w and r["router"] == router)
+            if not pts:
+                continue
+            xs = [c for c, _ in pts]
+            axes[0].plot(xs, [r["ttft_ms_p50"] / 1000 for _, r in pts], marker="o", label=f"{router} p50")
+            axes[0].plot(xs, [r["ttft_ms_p95"] / 1000 for _, r in pts], marker="x", linestyle="--", alpha=0.5, label=f"{router} p95")
+            axes[1].plot(xs, [r["goodput_per_min"] for _, r in pts], marker="o", label=router)
+        axes[0].set(title=f"{w}: TTFT (s, scale 1)", xlabel="concurrency", yscale="log")
+        axes[1].set(title=f"{w}: goodput (req/min within SLO)", xlabel="concurrency")
+        axes[0].legend(fontsize=6)
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{w}.png", dpi=110)
+        plt.close(fig)
