@@ -78,9 +78,9 @@ def wait_http(url, timeout=60):
 def start_fleet(opts, outdir):
     ready = outdir / "fleet-ready.json"
     ready.unlink(missing_ok=True)
-    base = free_port()
-    kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base + 100}", "replay_endpoint": f"tcp://*:{base + 101}"}
-    proc = start([opts.bin, "sim", "--workers", str(opts.workers), "--port", str(base), "--profile", opts.profile,
+    # Port 0 everywhere: the kernel picks free ports and the ready file reports them.
+    kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"}
+    proc = start([opts.bin, "sim", "--workers", str(opts.workers), "--port", "0", "--profile", opts.profile,
                   "--time-scale", str(opts.time_scale), "--seed", str(opts.seed), "--enable-prompt-tokens-details",
                   "--tokenizer", str(opts.tokenizer), "--kv-events-config", json.dumps(kv), "--ready-file", str(ready)],
                  outdir / "fleet.log")

@@ -12,9 +12,10 @@
 
 pub mod train;
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use minijinja::{Environment, ErrorKind};
 use serde_json::{Map, Value};
@@ -47,6 +48,30 @@ pub enum TokenizerError {
     Encode(String),
 }
 
+/// Caches the tokens of long text segments between special tokens.
+///
+/// Hugging Face tokenizers split the input at added special tokens before normalising and
+/// pre-tokenizing, so with no normalizer and a byte-level pre-tokenizer the tokens of a
+/// rendered chat prompt are the concatenation of each segment's tokens. A 16k-token system
+/// prompt shared by many requests is then tokenized once. Only segments of at least
+/// [`SEGMENT_MIN_BYTES`] are cached; the cache empties itself past [`SEGMENT_CACHE_TOKENS`].
+/// The first [`SEGMENT_VERIFY`] cached encodes are checked against a full encode, and any
+/// mismatch disables the cache for good.
+struct SegmentCache {
+    specials: Vec<(String, u32)>,
+    map: HashMap<u64, Arc<Vec<u32>>>,
+    tokens: usize,
+    verified: usize,
+    enabled: bool,
+}
+
+/// Segments shorter than this are tokenized directly.
+pub const SEGMENT_MIN_BYTES: usize = 2048;
+/// Token budget of the segment cache.
+pub const SEGMENT_CACHE_TOKENS: usize = 4_000_000;
+/// Cached encodes verified against a full encode.
+pub const SEGMENT_VERIFY: usize = 32;
+
 /// A loaded tokenizer with its chat template and special tokens.
 pub struct EngineTokenizer {
     tokenizer: Tokenizer,
@@ -57,6 +82,7 @@ pub struct EngineTokenizer {
     /// exactly one token each, so streamed text and token counts agree for every client.
     output_vocab: Arc<Vec<u32>>,
     eos_token_id: Option<u32>,
+    segments: Mutex<SegmentCache>,
 }
 
 impl std::fmt::Debug for EngineTokenizer {
@@ -134,7 +160,18 @@ impl EngineTokenizer {
         };
         let eos_token_id = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t));
         let output_vocab = Arc::new(word_tokens(&tokenizer));
-        Ok(EngineTokenizer { tokenizer, env, bos_token, eos_token, output_vocab, eos_token_id })
+        // Segment caching is only exact when nothing looks across special-token boundaries.
+        let byte_level = matches!(tokenizer.get_pre_tokenizer(), Some(tokenizers::PreTokenizerWrapper::ByteLevel(_)));
+        let mut specials: Vec<(String, u32)> = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
+        let enabled = byte_level && tokenizer.get_normalizer().is_none() && !specials.is_empty();
+        let segments = Mutex::new(SegmentCache { specials, map: HashMap::new(), tokens: 0, verified: 0, enabled });
+        Ok(EngineTokenizer { tokenizer, env, bos_token, eos_token, output_vocab, eos_token_id, segments })
     }
 
     /// The same tokenizer with another chat template (a worker set's `chatTemplate` override).
@@ -144,10 +181,85 @@ impl EngineTokenizer {
 
     /// Encodes a completion prompt (special tokens added, as vLLM does for `/v1/completions`).
     pub fn encode_prompt(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let cacheable = text.len() >= SEGMENT_MIN_BYTES
+            && (!add_special_tokens || self.tokenizer.get_post_processor().is_none())
+            && self.segments.lock().is_ok_and(|c| c.enabled);
+        if cacheable {
+            let ids = self.encode_segmented(text)?;
+            let verify = self.segments.lock().is_ok_and(|c| c.verified < SEGMENT_VERIFY);
+            if verify {
+                let full = self.encode_full(text, add_special_tokens)?;
+                if let Ok(mut c) = self.segments.lock() {
+                    c.verified += 1;
+                    if full != ids {
+                        c.enabled = false;
+                        c.map.clear();
+                    }
+                }
+                return Ok(full);
+            }
+            return Ok(ids);
+        }
+        self.encode_full(text, add_special_tokens)
+    }
+
+    fn encode_full(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         self.tokenizer
             .encode(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// Splits at special tokens; long plain segments come from (or go into) the cache.
+    fn encode_segmented(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let specials = self.segments.lock().map(|c| c.specials.clone()).unwrap_or_default();
+        let mut out = Vec::new();
+        let mut rest = text;
+        loop {
+            let next = specials
+                .iter()
+                .filter_map(|(s, id)| rest.find(s.as_str()).map(|p| (p, s.len(), *id)))
+                .min_by_key(|(p, len, _)| (*p, usize::MAX - len));
+            let (plain, special) = match next {
+                Some((p, len, id)) => (&rest[..p], Some((id, p + len))),
+                None => (rest, None),
+            };
+            if !plain.is_empty() {
+                out.extend(self.segment(plain)?.iter());
+            }
+            match special {
+                Some((id, end)) => {
+                    out.push(id);
+                    rest = &rest[end..];
+                }
+                None => return Ok(out),
+            }
+        }
+    }
+
+    fn segment(&self, plain: &str) -> Result<Arc<Vec<u32>>, TokenizerError> {
+        if plain.len() < SEGMENT_MIN_BYTES {
+            return self.encode_full(plain, false).map(Arc::new);
+        }
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            plain.hash(&mut h);
+            h.finish()
+        };
+        if let Some(hit) = self.segments.lock().ok().and_then(|c| c.map.get(&key).cloned()) {
+            return Ok(hit);
+        }
+        let ids = Arc::new(self.encode_full(plain, false)?);
+        if let Ok(mut c) = self.segments.lock() {
+            if c.tokens + ids.len() > SEGMENT_CACHE_TOKENS {
+                c.map.clear();
+                c.tokens = 0;
+            }
+            c.tokens += ids.len();
+            c.map.insert(key, ids.clone());
+        }
+        Ok(ids)
     }
 
     /// Renders the chat template for `messages` (OpenAI message objects).
@@ -317,6 +429,24 @@ mod tests {
         let text: String = vocab.iter().take(50).map(|&id| t.token_text(id)).collect();
         assert_eq!(t.encode_prompt(&text, false).expect("encodes"), vocab[..50].to_vec());
         assert_eq!(t.eos_token_id(), t.tokenizer.token_to_id("<|im_end|>"));
+    }
+
+    #[test]
+    fn segment_cache_matches_full_encoding() {
+        let t = shipped();
+        assert!(t.segments.lock().expect("lock").enabled, "the shipped tokenizer is byte-level without normalizer");
+        let long: String = (0..900).map(|i| format!("word{} café 東京 {{\"k\": {i}}} ", i % 17)).collect();
+        for i in 0..(SEGMENT_VERIFY + 10) {
+            let msgs = [
+                json!({"role": "system", "content": long}),
+                json!({"role": "user", "content": format!("question {i} <|im_start|> inline")}),
+            ];
+            let text = t.render_chat(&msgs, true, false, None, None).expect("renders");
+            let cached = t.encode_prompt(&text, false).expect("encodes");
+            assert_eq!(cached, t.encode_full(&text, false).expect("encodes"), "request {i}");
+        }
+        let c = t.segments.lock().expect("lock");
+        assert!(c.enabled && c.verified == SEGMENT_VERIFY && !c.map.is_empty());
     }
 
     #[test]
