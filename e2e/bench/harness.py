@@ -160,8 +160,10 @@ def data_spec(workload, opts):
     if workload == "shared-prefix":
         return {"kind": "synthetic_text", "prompt_tokens": opts.unique_tokens, "output_tokens": opts.output_tokens,
                 "prefix_tokens": opts.prefix_tokens, "prefix_count": opts.prefix_count}
-    return {"kind": "synthetic_text", "prompt_tokens": opts.turn_tokens, "output_tokens": opts.output_tokens,
-            "prefix_tokens": opts.first_turn_tokens, "prefix_count": max(8, opts.concurrency_max * 2), "turns": opts.turns}
+    # Multi-turn: each conversation starts with a unique first turn, every later turn adds
+    # `turn_tokens` new tokens to the full history (GuideLLM keeps the history).
+    return {"kind": "synthetic_text", "turns": opts.turns, "first_prompt_tokens": opts.first_turn_tokens,
+            "prompt_tokens": opts.turn_tokens, "output_tokens": opts.output_tokens}
 
 
 def sim_counters(workers):

@@ -17,7 +17,7 @@ def fmt(v, unit=""):
 def ratio(a, b):
     if not a or not b:
         return "-"
-    return f"{b / a:.1f}×"
+    return f"{b / a:.2f}×" if b / a < 1 else f"{b / a:.1f}×"
 
 
 def write_report(out, meta, runs):
