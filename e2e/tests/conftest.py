@@ -22,6 +22,17 @@ def switchyard_bin() -> str:
     return path
 
 
+def stop_process(proc):
+    """SIGTERM, then SIGKILL after 10 s; always reaps the process."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Sim:
     """A running `switchyard sim` process with one or more workers."""
 
@@ -49,13 +60,7 @@ class Sim:
         return httpx.get(f"{self.workers[worker]['url']}/sim/state", timeout=5).json()
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def free_port() -> int:
@@ -186,13 +191,7 @@ class Spoke:
         tmp.rename(self.config_dir / "fleet.yaml")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture
