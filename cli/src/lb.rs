@@ -59,6 +59,9 @@ struct Lb {
     counter: AtomicU64,
     seed: u64,
     client: reqwest::Client,
+    /// Held by the oracle from its queries until the chosen worker has accepted the request,
+    /// so every decision sees the ones before it in the engines' true state.
+    oracle_turn: tokio::sync::Mutex<()>,
 }
 
 fn mix(mut z: u64) -> u64 {
@@ -105,9 +108,18 @@ impl Lb {
 }
 
 async fn forward(State(lb): State<Arc<Lb>>, uri: axum::http::Uri, body: Bytes) -> Response {
+    let mut turn = if lb.policy == Policy::Oracle { Some(lb.oracle_turn.lock().await) } else { None };
     let i = lb.choose(&body).await;
+    let streaming = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("stream")?.as_bool()) == Some(true);
+    if !streaming {
+        // A non-streamed answer arrives only when generation ends; holding the turn that long
+        // would serialise the fleet.
+        turn = None;
+    }
     let url = format!("{}{}", lb.workers[i], uri.path());
+    // The simulator answers with headers once the engine has the request queued.
     let sent = lb.client.post(&url).header(header::CONTENT_TYPE, "application/json").body(body).send().await;
+    drop(turn);
     match sent {
         Ok(r) => {
             let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -145,6 +157,7 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
             counter: AtomicU64::new(0),
             seed: args.seed,
             client: reqwest::Client::builder().tcp_nodelay(true).build()?,
+            oracle_turn: tokio::sync::Mutex::new(()),
         });
         let models_from = lb.workers[0].clone();
         let client = lb.client.clone();

@@ -11,12 +11,14 @@ failure or Ctrl-C.
 import argparse
 import json
 import os
+import queue
 import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +27,10 @@ import httpx
 ROUTERS = ["random", "round-robin", "sglang-cache-aware", "vllm-router-cache-aware", "switchyard", "oracle"]
 WORKLOADS = ["control", "shared-prefix", "multi-turn"]
 SLO_MS = {"control": 8000, "shared-prefix": 8000, "multi-turn": 4000}
+# Wall-time settings of the two modes. At time scale 0.2 a quick window of 20 s is 100 s of
+# simulated time after 120 s of warm-up: the random router's requests take ~60 s at c = 32.
+QUICK = {"concurrency": "32", "time_scale": 0.2, "warmup": 24.0, "rampup": 8.0, "duration": 20.0}
+FULL = {"concurrency": "4,8,16,24,32", "time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 60.0}
 PROCS = []
 
 
@@ -177,53 +183,182 @@ def sim_counters(workers):
     return hits, queries
 
 
-def run_guidellm(url, workload, concurrency, opts, outpath):
-    venv = Path(os.environ["BENCH_VENV"]) / "bin"
-    args = [str(venv / "guidellm"), "run",
+class CounterSampler:
+    """Samples the fleet's prefix-cache counters once a second, so the hit rate can be taken
+    over exactly GuideLLM's measurement window (the warm-up excluded)."""
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.samples = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while True:
+            try:
+                self.samples.append((time.time(), *sim_counters(self.workers)))
+            except httpx.HTTPError:
+                pass
+            if self.done.wait(1.0):
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.done.set()
+        self.thread.join()
+
+    def hit_rate(self, start, end):
+        if not self.samples:
+            return 0.0
+        first = min(self.samples, key=lambda s: abs(s[0] - start))
+        last = min(self.samples, key=lambda s: abs(s[0] - end))
+        hits, queries = last[1] - first[1], last[2] - first[2]
+        return hits / queries if queries > 0 else 0.0
+
+
+class GuideLLM:
+    """One long-lived `guidellm_driver.py` process running every load test of the benchmark.
+
+    GuideLLM's worker processes come from a fork server and are capped at a few: on two cores
+    its default (spawned interpreters, up to ten) costs ~12 s of CPU per run, which would
+    compete with the fleet under test."""
+
+    def __init__(self, logfile):
+        self.logfile = open(logfile, "a")
+        self.proc = None
+        self.lines = queue.Queue()
+
+    def _ensure(self):
+        if self.proc and self.proc.poll() is None:
+            return
+        venv = Path(os.environ["BENCH_VENV"]) / "bin"
+        env = dict(os.environ, GUIDELLM__MP_CONTEXT_TYPE="forkserver", GUIDELLM__MAX_WORKER_PROCESSES="4")
+        env.pop("GUIDELLM__DISABLE_PROGRESS", None)
+        self.proc = subprocess.Popen([str(venv / "python"), str(Path(__file__).with_name("guidellm_driver.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logfile, text=True,
+                                     env=env, start_new_session=True)
+        PROCS.append(self.proc)
+        self.lines = queue.Queue()
+        out, lines, log = self.proc.stdout, self.lines, self.logfile
+
+        def pump():
+            for line in out:
+                if line.startswith("done "):
+                    lines.put(line)
+                else:
+                    log.write(line)
+                    log.flush()
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def run(self, args, timeout):
+        self._ensure()
+        self.logfile.write(f"\n==== guidellm {' '.join(args)}\n")
+        self.logfile.flush()
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            stop(self.proc)
+            raise RuntimeError(f"GuideLLM did not finish within {timeout:.0f} s")
+        if line is None or line.split()[1] != "0":
+            stop(self.proc)
+            raise RuntimeError(f"GuideLLM failed ({(line or 'exited').strip()}); see {self.logfile.name}")
+
+
+def run_guidellm(guidellm, url, workload, concurrency, opts, outpath):
+    args = ["run",
             "--backend", f"kind=openai_http,target={url},model=sim-model,request_format=/v1/chat/completions",
-            "--profile", f"kind=concurrent,streams={concurrency}",
-            "--constraint", f"kind=max_duration,seconds={opts.duration}",
+            # The warm-up is excluded from every figure: steady state is what a fleet lives in,
+            # and the same load runs through the router under test during it. The ramp-up
+            # starts the streams over a few seconds instead of in one burst.
+            "--profile", f"kind=concurrent,streams={concurrency},warmup={opts.warmup},rampup_duration={opts.rampup}",
+            "--constraint", f"kind=max_duration,seconds={opts.warmup + opts.duration}",
             "--tokenizer", f"kind=hf_auto,model={opts.tokenizer}",
             "--data", json.dumps(data_spec(workload, opts)),
             "--output", f"kind=json,path={outpath}", "--disable-progress"]
-    with open(outpath.with_suffix(".log"), "w") as logf:
-        subprocess.run(args, stdout=logf, stderr=subprocess.STDOUT, check=True, timeout=opts.duration * 6 + 300)
+    guidellm.run(args, timeout=(opts.warmup + opts.duration) * 4 + 120)
     return json.loads(outpath.read_text())
 
 
-def metric(m, name, stat="median"):
-    node = m.get(name, {}).get("successful", {})
-    if stat in ("p95", "p99"):
-        return node.get("percentiles", {}).get(stat)
-    return node.get(stat)
+def percentile(values, q):
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def window_requests(bench):
+    """Successful requests that completed inside the measurement window (after the warm-up).
+
+    Every figure comes from these per-request records, so the definitions are ours and stated
+    in the README rather than whatever a GuideLLM version aggregates."""
+    start, end = bench["start_time"], bench["end_time"]
+    return [r for r in bench["requests"]["successful"] if start <= (r.get("request_end_time") or 0) <= end + 1e-6]
 
 
 def summarise(raw, workload, opts, hit_rate):
     b = raw["benchmarks"][0]
-    m = b["metrics"]
     scale = opts.time_scale
-    reqs = b.get("requests", {}).get("successful", [])
-    duration_s = max(1e-9, (b.get("duration") or opts.duration)) / scale
-    ttfts = []
-    for r in reqs:
-        t = r.get("time_to_first_token_ms") or (r.get("info", {}) or {}).get("time_to_first_token_ms")
-        if t is None and r.get("first_token_time") and r.get("request_start_time"):
-            t = (r["first_token_time"] - r["request_start_time"]) * 1000
-        if t is not None:
-            ttfts.append(t / scale)
-    completed = len(reqs) if reqs else (metric(m, "request_totals", "count") or 0)
-    good = sum(1 for t in ttfts if t <= SLO_MS[workload])
+    reqs = window_requests(b)
+    window_s = max(1e-9, b["end_time"] - b["start_time"]) / scale
+    ttft = [r["time_to_first_token_ms"] / scale for r in reqs if r.get("time_to_first_token_ms") is not None]
+    itl = [r["inter_token_latency_ms"] / scale for r in reqs if r.get("inter_token_latency_ms") is not None]
+    e2e = [r["request_latency"] / scale for r in reqs if r.get("request_latency") is not None]
+    good = sum(1 for t in ttft if t <= SLO_MS[workload])
+    incomplete = len(b["requests"].get("incomplete") or [])
     return {
-        "ttft_ms_p50": (metric(m, "time_to_first_token_ms") or 0) / scale,
-        "ttft_ms_p95": (metric(m, "time_to_first_token_ms", "p95") or 0) / scale,
-        "itl_ms_p50": (metric(m, "inter_token_latency_ms") or 0) / scale,
-        "e2e_s_p50": (metric(m, "request_latency") or 0) / scale,
-        "requests": completed,
-        "requests_per_min": completed / duration_s * 60,
-        "goodput_per_min": good / duration_s * 60 if ttfts else 0.0,
+        "ttft_ms_p50": percentile(ttft, 0.5) or 0.0,
+        "ttft_ms_p95": percentile(ttft, 0.95) or 0.0,
+        "itl_ms_p50": percentile(itl, 0.5) or 0.0,
+        "e2e_s_p50": percentile(e2e, 0.5) or 0.0,
+        "requests": len(reqs),
+        "requests_per_min": len(reqs) / window_s * 60,
+        "goodput_per_min": good / window_s * 60,
         "cache_hit_rate": hit_rate,
-        "measured": {"ttft_ms_p50": metric(m, "time_to_first_token_ms"), "duration_s": b.get("duration")},
+        "slo_ms": SLO_MS[workload],
+        "incomplete_at_end": incomplete,
+        "measured": {"window_s": b["end_time"] - b["start_time"], "warmup_s": b.get("warmup_duration"),
+                     "ttft_ms_p50": percentile([r["time_to_first_token_ms"] for r in reqs if r.get("time_to_first_token_ms") is not None], 0.5)},
     }
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cores": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_gib, 1), "uname": " ".join(os.uname())}
+
+
+def versions(opts):
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("guidellm", "sglang-router", "vllm-router"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    try:
+        out["switchyard"] = subprocess.run([opts.bin, "--version"], capture_output=True, text=True,
+                                           timeout=10).stdout.strip().removeprefix("switchyard ")
+        out["switchyard_commit"] = subprocess.run(["git", "-C", opts.repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                  text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
 
 
 def main():
@@ -235,9 +370,11 @@ def main():
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--concurrency")
-    ap.add_argument("--duration", type=float)
-    ap.add_argument("--time-scale", type=float, default=0.1)
+    ap.add_argument("--concurrency", help="comma-separated list")
+    ap.add_argument("--duration", type=float, help="measured seconds per point (wall time)")
+    ap.add_argument("--time-scale", type=float, help="multiplier on every simulated duration")
+    ap.add_argument("--warmup", type=float, help="seconds of load before measuring (wall time)")
+    ap.add_argument("--rampup", type=float, help="seconds over which the streams start (wall time)")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--profile", default="l40s-27b-fp8")
     ap.add_argument("--prefix-count", type=int, default=24)
@@ -252,10 +389,13 @@ def main():
     opts.bin = os.environ["SWITCHYARD_BIN"]
     opts.tokenizer = Path(opts.repo) / "tokenizer" / "files"
     opts.profile_prefill_ms = {"l40s-27b-fp8": 0.42, "tiny": 0.01}.get(opts.profile, 0.42)
-    conc = opts.concurrency or ("8" if opts.quick or not opts.full else "4,8,16,24,32")
-    opts.concurrency = [int(c) for c in conc.split(",")]
-    opts.concurrency_max = max(opts.concurrency)
-    opts.duration = opts.duration or (30.0 if not opts.full else 120.0)
+    # Quick: the sweep's top point only, where routing decides the most (see README.md);
+    # full: the whole sweep with longer windows. Explicit options override either.
+    mode = FULL if opts.full else QUICK
+    opts.concurrency = [int(c) for c in (opts.concurrency or mode["concurrency"]).split(",")]
+    for key in ("duration", "warmup", "rampup", "time_scale"):
+        if getattr(opts, key) is None:
+            setattr(opts, key, mode[key])
     routers = opts.routers.split(",")
     workloads = opts.workloads.split(",")
     out = Path(opts.out)
@@ -265,6 +405,7 @@ def main():
     command = "e2e/bench/run " + " ".join(sys.argv[3:])
     runs = []
     started = time.time()
+    guidellm = GuideLLM(out / "guidellm.log")
     try:
         for router in routers:
             for workload in workloads:
@@ -276,10 +417,10 @@ def main():
                     rproc, url = start_router(router, opts, workers, rdir)
                     for c in opts.concurrency:
                         log(f"{router} · {workload} · c={c}")
-                        h0, q0 = sim_counters(workers)
-                        raw = run_guidellm(url, workload, c, opts, rdir / f"guidellm-c{c}.json")
-                        h1, q1 = sim_counters(workers)
-                        hit = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
+                        with CounterSampler(workers) as counters:
+                            raw = run_guidellm(guidellm, url, workload, c, opts, rdir / f"guidellm-c{c}.json")
+                        bench = raw["benchmarks"][0]
+                        hit = counters.hit_rate(bench["start_time"], bench["end_time"])
                         runs.append({"router": router, "workload": workload, "concurrency": c, **summarise(raw, workload, opts, hit)})
                         (out / "results.json").write_text(json.dumps({"runs": runs}, indent=2))
                 finally:
@@ -289,8 +430,10 @@ def main():
     finally:
         stop_all()
     meta = {"command": command, "time_scale": opts.time_scale, "profile": opts.profile, "workers": opts.workers,
-            "duration_s": opts.duration, "concurrency": opts.concurrency, "wall_s": round(time.time() - started),
-            "machine": {"cores": os.cpu_count(), "uname": " ".join(os.uname())}, "seed": opts.seed}
+            "duration_s": opts.duration, "warmup_s": opts.warmup, "rampup_s": opts.rampup,
+            "concurrency": opts.concurrency, "wall_s": round(time.time() - started),
+            "machine": machine(), "versions": versions(opts), "seed": opts.seed, "slo_ms": SLO_MS,
+            "workloads": {w: data_spec(w, opts) for w in workloads}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
     from report import write_report
     write_report(out, meta, runs)

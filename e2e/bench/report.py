@@ -20,14 +20,61 @@ def ratio(a, b):
     return f"{b / a:.2f}×" if b / a < 1 else f"{b / a:.1f}×"
 
 
+def find(runs, router, workload, c):
+    return next((r for r in runs if r["router"] == router and r["workload"] == workload and r["concurrency"] == c), None)
+
+
+def goals(runs):
+    """The benchmark issue's acceptance goals, checked at every concurrency point that has the
+    routers they compare."""
+    rows = []
+    for c in sorted({r["concurrency"] for r in runs}):
+        sy = {w: find(runs, "switchyard", w, c) for w in ("control", "shared-prefix", "multi-turn")}
+        rnd = {w: find(runs, "random", w, c) for w in ("control", "shared-prefix", "multi-turn")}
+        s, r = sy["shared-prefix"], rnd["shared-prefix"]
+        if s and r and s["ttft_ms_p50"]:
+            rows.append((c, "shared-prefix TTFT p50 ≥ 30× lower than random", r["ttft_ms_p50"] / s["ttft_ms_p50"], 30))
+        if s and r and r["goodput_per_min"] >= 0:
+            g = s["goodput_per_min"] / r["goodput_per_min"] if r["goodput_per_min"] else float("inf")
+            rows.append((c, "shared-prefix goodput ≥ 10× random", g, 10))
+        for peer in PEERS:
+            p = find(runs, peer, "shared-prefix", c)
+            if s and p and s["ttft_ms_p50"]:
+                rows.append((c, f"shared-prefix TTFT p50 lower than {peer}", p["ttft_ms_p50"] / s["ttft_ms_p50"], 1.0))
+        o = find(runs, "oracle", "shared-prefix", c)
+        if s and o and s["ttft_ms_p50"]:
+            rows.append((c, "shared-prefix TTFT p50 within 1.2× of the oracle", o["ttft_ms_p50"] / s["ttft_ms_p50"], 1 / 1.2))
+        s, r = sy["multi-turn"], rnd["multi-turn"]
+        if s and r:
+            g = s["goodput_per_min"] / r["goodput_per_min"] if r["goodput_per_min"] else float("inf")
+            rows.append((c, "multi-turn goodput ≥ 5× random", g, 5))
+        s, r = sy["control"], rnd["control"]
+        if s and r and s["ttft_ms_p50"] and s["ttft_ms_p95"]:
+            rows.append((c, "control TTFT p50 no worse than random", r["ttft_ms_p50"] / s["ttft_ms_p50"], 1.0))
+            rows.append((c, "control TTFT p95 ≥ 2× lower than random", r["ttft_ms_p95"] / s["ttft_ms_p95"], 2.0))
+    if not rows:
+        return []
+    out = ["## Goals", "", "Ratio = the other router's figure / Switchyard's (higher is better for Switchyard).", "",
+           "| c | goal | ratio | holds |", "|---|---|---|---|"]
+    for c, goal, value, need in rows:
+        shown = "∞" if value == float("inf") else f"{value:.2f}×"
+        out.append(f"| {c} | {goal} | {shown} | {'yes' if value >= need else '**no**'} |")
+    return out + [""]
+
+
 def write_report(out, meta, runs):
     out = Path(out)
+    v = meta.get("versions", {})
+    m = meta["machine"]
     lines = ["# Routing benchmark", "",
              f"Command: `{meta['command']}`  ",
              f"Profile `{meta['profile']}`, {meta['workers']} workers, time scale {meta['time_scale']} "
-             f"(figures converted to scale 1), {meta['duration_s']:.0f} s per point, seed {meta['seed']}, "
-             f"{meta['machine']['cores']} cores, wall time {meta['wall_s']} s.  ",
-             f"Machine: `{meta['machine']['uname']}`", ""]
+             f"(figures converted to scale 1), {meta['duration_s']:.0f} s measured per point after "
+             f"{meta.get('warmup_s', 0):.0f} s of warm-up (wall time), seed {meta['seed']}, wall time {meta['wall_s']} s.  ",
+             f"Machine: {m['cores']} cores ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, `{m['uname']}`.  ",
+             f"Versions: switchyard {v.get('switchyard', '?')} ({v.get('switchyard_commit', '?')}), "
+             f"GuideLLM {v.get('guidellm')}, sglang-router {v.get('sglang-router')}, vllm-router {v.get('vllm-router')}.", ""]
+    lines += goals(runs)
     workloads = sorted({r["workload"] for r in runs}, key=["control", "shared-prefix", "multi-turn"].index)
     for w in workloads:
         lines += [f"## {w}", "", "| router | c | TTFT p50 | TTFT p95 | ITL p50 | E2E p50 | req/min | goodput/min | cache hit | TTFT p50 vs random | vs best peer |",

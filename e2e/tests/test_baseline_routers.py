@@ -67,3 +67,27 @@ def test_oracle_follows_the_true_cache(start_sim, start_lb):
         r = post(oracle, prompt)
         assert r.headers["x-lb-worker"] == first
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_oracle_decisions_see_each_other(start_sim, start_lb):
+    # Three equal cold prompts sent at once: each oracle decision must see the requests placed
+    # before it in the engines' true queues, so they land on three different workers. Without
+    # that, all three would see idle engines and pick by the tie-break alone.
+    import concurrent.futures
+
+    sim = start_sim("--profile", "l40s-27b-fp8", "--time-scale", "0.05", workers=3, kv_events=False)
+    oracle = start_lb("oracle", sim)
+
+    def stream(i):
+        body = {"model": "sim-model", "prompt": f"request {i} " + "cold prompt words " * 600, "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", oracle + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            worker = r.headers["x-lb-worker"]
+            for _ in r.iter_lines():
+                pass
+        return worker
+
+    for attempt in range(3):
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            workers = list(pool.map(stream, [f"{attempt}-{i}" for i in range(3)]))
+        assert sorted(workers) == ["0", "1", "2"], workers

@@ -137,11 +137,11 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
                 () = deps.shutdown.cancelled() => None,
             };
             let Some(cmd) = cmd else { return };
-            handle(&mut engine, &mut live, cmd, &deps);
+            handle(&mut engine, &mut live, cmd, &deps, Instant::now());
             next_deadline = Instant::now();
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut engine, &mut live, cmd, &deps);
+            handle(&mut engine, &mut live, cmd, &deps, Instant::now());
         }
         let gone: Vec<RequestId> = live.iter().filter(|(_, l)| l.out.is_closed()).map(|(id, _)| *id).collect();
         for id in gone {
@@ -159,7 +159,7 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
             tokio::select! {
                 () = sleep_until(next_deadline) => break,
                 c = rx.recv() => match c {
-                    Some(cmd) => handle(&mut engine, &mut live, cmd, &deps),
+                    Some(cmd) => handle(&mut engine, &mut live, cmd, &deps, next_deadline),
                     None => return,
                 },
                 () = deps.shutdown.cancelled() => return,
@@ -207,19 +207,36 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
     }
 }
 
-fn handle(engine: &mut Engine, live: &mut HashMap<RequestId, Live>, cmd: Command, deps: &LoopDeps) {
+/// Applies one command. `step_ends_at` is when the step in progress releases its tokens
+/// (now when the engine is between steps): a request added now is first scheduled after it.
+fn handle(
+    engine: &mut Engine,
+    live: &mut HashMap<RequestId, Live>,
+    cmd: Command,
+    deps: &LoopDeps,
+    step_ends_at: Instant,
+) {
     match cmd {
         Command::Add { prompt, max_tokens, out, natural_stop } => {
             let id = engine.add_request(prompt, max_tokens);
             live.insert(id, Live { out, arrived: Instant::now(), last_token: None, natural_stop });
         }
         Command::Oracle { tokens, reply } => {
-            let answer = OracleAnswer {
-                cached_prefix_tokens: engine.cached_prefix_tokens(&tokens),
-                predicted_ttft_ms: engine.predict_ttft_ms(&tokens),
-                stats: engine.stats(),
+            // Only the clone happens here; stepping the copy runs on a blocking thread so an
+            // oracle query never delays the live engine it describes.
+            let snapshot = engine.clone();
+            let stats = engine.stats();
+            let scale = deps.time_scale * deps.faults.slowdown();
+            let rest_of_step_ms = if scale > 0.0 {
+                step_ends_at.saturating_duration_since(Instant::now()).as_secs_f64() * 1000.0 / scale
+            } else {
+                0.0
             };
-            let _ = reply.send(answer);
+            tokio::task::spawn_blocking(move || {
+                let cached_prefix_tokens = snapshot.cached_prefix_tokens(&tokens);
+                let predicted_ttft_ms = rest_of_step_ms + snapshot.into_predicted_ttft_ms(&tokens);
+                let _ = reply.send(OracleAnswer { cached_prefix_tokens, predicted_ttft_ms, stats });
+            });
         }
         Command::State { reply } => {
             let _ = reply.send((engine.stats(), engine.counters()));

@@ -251,7 +251,13 @@ impl Engine {
     /// The exact TTFT a request with `tokens` would see if it arrived now and nothing else
     /// arrived after it: the engine is cloned and stepped until the request's first token.
     pub fn predict_ttft_ms(&self, tokens: &[u32]) -> f64 {
-        let mut sim = self.clone();
+        self.clone().into_predicted_ttft_ms(tokens)
+    }
+
+    /// [`Engine::predict_ttft_ms`] on an engine the caller has already cloned (the runtime
+    /// clones on its own task and steps the copy elsewhere, so the live engine never waits).
+    pub fn into_predicted_ttft_ms(self, tokens: &[u32]) -> f64 {
+        let mut sim = self;
         let id = sim.add_request(tokens.to_vec(), 1);
         let mut elapsed = 0.0;
         // Bounded: every step makes progress on the request at the head of the queue.
