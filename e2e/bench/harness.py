@@ -27,10 +27,15 @@ import httpx
 ROUTERS = ["random", "round-robin", "sglang-cache-aware", "vllm-router-cache-aware", "switchyard", "oracle"]
 WORKLOADS = ["control", "shared-prefix", "multi-turn"]
 SLO_MS = {"control": 8000, "shared-prefix": 8000, "multi-turn": 4000}
-# Wall-time settings of the two modes. At time scale 0.2 a quick window of 20 s is 100 s of
-# simulated time after 120 s of warm-up: the random router's requests take ~60 s at c = 32.
-QUICK = {"concurrency": "32", "time_scale": 0.2, "warmup": 24.0, "rampup": 8.0, "duration": 20.0}
-FULL = {"concurrency": "4,8,16,24,32", "time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 60.0}
+# Wall-time settings of the two modes (per workload where they differ). At time scale 0.2 the
+# quick mode warms up for 110 s of simulated time, then measures 70 s of shared-prefix and
+# multi-turn load (requests take ~18 s through a cache-aware router, ~55 s through random)
+# and 180 s of control load, whose requests take ~95 s at c = 32: a shorter control window
+# holds about one request per client and its p95 is noise.
+QUICK = {"concurrency": "32", "time_scale": 0.2, "warmup": 22.0, "rampup": 8.0,
+         "duration": {"control": 36.0, "shared-prefix": 14.0, "multi-turn": 14.0}}
+FULL = {"concurrency": "4,8,16,24,32", "time_scale": 0.2, "warmup": 40.0, "rampup": 10.0,
+        "duration": {"control": 120.0, "shared-prefix": 60.0, "multi-turn": 60.0}}
 PROCS = []
 
 
@@ -271,18 +276,18 @@ class GuideLLM:
             raise RuntimeError(f"GuideLLM failed ({(line or 'exited').strip()}); see {self.logfile.name}")
 
 
-def run_guidellm(guidellm, url, workload, concurrency, opts, outpath):
+def run_guidellm(guidellm, url, workload, concurrency, duration, opts, outpath):
     args = ["run",
             "--backend", f"kind=openai_http,target={url},model=sim-model,request_format=/v1/chat/completions",
             # The warm-up is excluded from every figure: steady state is what a fleet lives in,
             # and the same load runs through the router under test during it. The ramp-up
             # starts the streams over a few seconds instead of in one burst.
             "--profile", f"kind=concurrent,streams={concurrency},warmup={opts.warmup},rampup_duration={opts.rampup}",
-            "--constraint", f"kind=max_duration,seconds={opts.warmup + opts.duration}",
+            "--constraint", f"kind=max_duration,seconds={opts.warmup + duration}",
             "--tokenizer", f"kind=hf_auto,model={opts.tokenizer}",
             "--data", json.dumps(data_spec(workload, opts)),
             "--output", f"kind=json,path={outpath}", "--disable-progress"]
-    guidellm.run(args, timeout=(opts.warmup + opts.duration) * 4 + 120)
+    guidellm.run(args, timeout=(opts.warmup + duration) * 4 + 120)
     return json.loads(outpath.read_text())
 
 
@@ -354,7 +359,7 @@ def versions(opts):
     try:
         out["switchyard"] = subprocess.run([opts.bin, "--version"], capture_output=True, text=True,
                                            timeout=10).stdout.strip().removeprefix("switchyard ")
-        out["switchyard_commit"] = subprocess.run(["git", "-C", opts.repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+        out["switchyard_commit"] = subprocess.run(["git", "-C", opts.repo, "describe", "--always", "--dirty"], capture_output=True,
                                                   text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
@@ -393,9 +398,10 @@ def main():
     # full: the whole sweep with longer windows. Explicit options override either.
     mode = FULL if opts.full else QUICK
     opts.concurrency = [int(c) for c in (opts.concurrency or mode["concurrency"]).split(",")]
-    for key in ("duration", "warmup", "rampup", "time_scale"):
+    for key in ("warmup", "rampup", "time_scale"):
         if getattr(opts, key) is None:
             setattr(opts, key, mode[key])
+    durations = {w: opts.duration or mode["duration"][w] for w in WORKLOADS}
     routers = opts.routers.split(",")
     workloads = opts.workloads.split(",")
     out = Path(opts.out)
@@ -418,7 +424,8 @@ def main():
                     for c in opts.concurrency:
                         log(f"{router} · {workload} · c={c}")
                         with CounterSampler(workers) as counters:
-                            raw = run_guidellm(guidellm, url, workload, c, opts, rdir / f"guidellm-c{c}.json")
+                            raw = run_guidellm(guidellm, url, workload, c, durations[workload], opts,
+                                               rdir / f"guidellm-c{c}.json")
                         bench = raw["benchmarks"][0]
                         hit = counters.hit_rate(bench["start_time"], bench["end_time"])
                         runs.append({"router": router, "workload": workload, "concurrency": c, **summarise(raw, workload, opts, hit)})
@@ -430,7 +437,7 @@ def main():
     finally:
         stop_all()
     meta = {"command": command, "time_scale": opts.time_scale, "profile": opts.profile, "workers": opts.workers,
-            "duration_s": opts.duration, "warmup_s": opts.warmup, "rampup_s": opts.rampup,
+            "duration_s": {w: durations[w] for w in workloads}, "warmup_s": opts.warmup, "rampup_s": opts.rampup,
             "concurrency": opts.concurrency, "wall_s": round(time.time() - started),
             "machine": machine(), "versions": versions(opts), "seed": opts.seed, "slo_ms": SLO_MS,
             "workloads": {w: data_spec(w, opts) for w in workloads}}

@@ -69,8 +69,9 @@ def write_report(out, meta, runs):
     lines = ["# Routing benchmark", "",
              f"Command: `{meta['command']}`  ",
              f"Profile `{meta['profile']}`, {meta['workers']} workers, time scale {meta['time_scale']} "
-             f"(figures converted to scale 1), {meta['duration_s']:.0f} s measured per point after "
-             f"{meta.get('warmup_s', 0):.0f} s of warm-up (wall time), seed {meta['seed']}, wall time {meta['wall_s']} s.  ",
+             f"(figures converted to scale 1); measured per point after {meta.get('warmup_s', 0):.0f} s of warm-up: "
+             + ", ".join(f"{w} {d:.0f} s" for w, d in meta["duration_s"].items())
+             + f" (wall time); seed {meta['seed']}, wall time {meta['wall_s']} s.  ",
              f"Machine: {m['cores']} cores ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, `{m['uname']}`.  ",
              f"Versions: switchyard {v.get('switchyard', '?')} ({v.get('switchyard_commit', '?')}), "
              f"GuideLLM {v.get('guidellm')}, sglang-router {v.get('sglang-router')}, vllm-router {v.get('vllm-router')}.", ""]
@@ -100,14 +101,19 @@ def write_report(out, meta, runs):
         return
     for w in workloads:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for router in sorted({r["router"] for r in runs}):
-            pts = sorted((r["concurrency"], r) for r in runs if r["workload"] == w and r["router"] == router)
+        routers = sorted({r["router"] for r in runs})
+        for i, router in enumerate(routers):
+            pts = sorted(((r["concurrency"], r) for r in runs if r["workload"] == w and r["router"] == router),
+                         key=lambda p: p[0])
             if not pts:
                 continue
             xs = [c for c, _ in pts]
-            axes[0].plot(xs, [r["ttft_ms_p50"] / 1000 for _, r in pts], marker="o", label=f"{router} p50")
-            axes[0].plot(xs, [r["ttft_ms_p95"] / 1000 for _, r in pts], marker="x", linestyle="--", alpha=0.5, label=f"{router} p95")
-            axes[1].plot(xs, [r["goodput_per_min"] for _, r in pts], marker="o", label=router)
+            # One colour per router: p50 solid with dots, p95 dashed with crosses.
+            color = f"C{i}"
+            axes[0].plot(xs, [r["ttft_ms_p50"] / 1000 for _, r in pts], marker="o", color=color, label=f"{router} p50")
+            axes[0].plot(xs, [r["ttft_ms_p95"] / 1000 for _, r in pts], marker="x", linestyle="--", color=color,
+                         alpha=0.6, label=f"{router} p95")
+            axes[1].plot(xs, [r["goodput_per_min"] for _, r in pts], marker="o", color=color, label=router)
         axes[0].set(title=f"{w}: TTFT (s, scale 1)", xlabel="concurrency", yscale="log")
         axes[1].set(title=f"{w}: goodput (req/min within SLO)", xlabel="concurrency")
         axes[0].legend(fontsize=6)
