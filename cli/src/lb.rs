@@ -110,8 +110,9 @@ impl Lb {
 async fn forward(State(lb): State<Arc<Lb>>, uri: axum::http::Uri, body: Bytes) -> Response {
     let mut turn = if lb.policy == Policy::Oracle { Some(lb.oracle_turn.lock().await) } else { None };
     let i = lb.choose(&body).await;
-    let streaming = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("stream")?.as_bool()) == Some(true);
-    if !streaming {
+    if turn.is_some()
+        && serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("stream")?.as_bool()) != Some(true)
+    {
         // A non-streamed answer arrives only when generation ends; holding the turn that long
         // would serialise the fleet.
         turn = None;

@@ -12,8 +12,6 @@ import argparse
 import json
 import os
 import queue
-import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -333,7 +331,7 @@ def summarise(raw, workload, opts, hit_rate):
         "slo_ms": SLO_MS[workload],
         "incomplete_at_end": incomplete,
         "measured": {"window_s": b["end_time"] - b["start_time"], "warmup_s": b.get("warmup_duration"),
-                     "ttft_ms_p50": percentile([r["time_to_first_token_ms"] for r in reqs if r.get("time_to_first_token_ms") is not None], 0.5)},
+                     "ttft_ms_p50": (percentile(ttft, 0.5) or 0.0) * scale},
     }
 
 
