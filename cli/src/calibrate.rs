@@ -18,7 +18,7 @@ pub struct Args {
     /// Workloads (control, shared-prefix).
     #[arg(long, value_delimiter = ',', default_value = "control,shared-prefix")]
     workload: Vec<String>,
-    /// Routing rules (random, prefix-affinity).
+    /// Routing rules (random, prefix-affinity, oracle).
     #[arg(long, value_delimiter = ',', default_value = "random,prefix-affinity")]
     routing: Vec<String>,
     /// Concurrency levels.
@@ -55,6 +55,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
             let routing = match r.as_str() {
                 "random" => Routing::Random,
                 "prefix-affinity" => Routing::PrefixAffinity,
+                "oracle" => Routing::Oracle,
                 other => anyhow::bail!("unknown routing `{other}`"),
             };
             for &c in &args.concurrency {
@@ -71,7 +72,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                 let result = run(p, &spec);
                 if args.format == Format::Text {
                     println!(
-                        "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  hit {:>5.1}%",
+                        "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%",
                         w,
                         r,
                         c,
@@ -80,6 +81,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                         result.itl_ms_p50,
                         result.e2e_s_p50,
                         result.requests_per_min,
+                        result.goodput_per_min,
                         100.0 * result.cache_hit_rate
                     );
                 }
