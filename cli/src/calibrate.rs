@@ -15,6 +15,9 @@ pub struct Args {
     /// Engines in the fleet.
     #[arg(long, default_value_t = 3)]
     engines: u32,
+    /// KV-cache blocks per engine instead of the profile's (how the figures depend on capacity).
+    #[arg(long)]
+    kv_blocks: Option<u32>,
     /// Workloads (control, shared-prefix).
     #[arg(long, value_delimiter = ',', default_value = "control,shared-prefix")]
     workload: Vec<String>,
@@ -43,7 +46,11 @@ pub struct Args {
 
 /// Runs every combination and prints the figures (time scale 1).
 pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
-    let p = profile::by_name(&args.profile).with_context(|| format!("unknown profile `{}`", args.profile))?;
+    let mut p = profile::by_name(&args.profile).with_context(|| format!("unknown profile `{}`", args.profile))?.clone();
+    if let Some(blocks) = args.kv_blocks {
+        anyhow::ensure!(blocks > 0, "--kv-blocks must be positive");
+        p.num_gpu_blocks = blocks;
+    }
     let mut rows = Vec::new();
     for w in &args.workload {
         let workload = match w.as_str() {
@@ -69,7 +76,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                     output_tokens: args.output_tokens,
                     seed: args.seed,
                 };
-                let result = run(p, &spec);
+                let result = run(&p, &spec);
                 if args.format == Format::Text {
                     println!(
                         "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%",
