@@ -1,8 +1,19 @@
-//! `switchyard calibrate`: virtual-time runs of simulated engines, for tuning profiles.
+//! `switchyard calibrate`: virtual-time runs of simulated engines, for tuning profiles and
+//! routing. Besides the simulator's built-in rules, `switchyard` routes with the spoke's own
+//! decision function ([`switchyard_core::decide`]) and its online TTFT calibration, fed what
+//! the spoke knows in production: engine load, its prefix index (exact here, booked at
+//! dispatch) and its in-flight ledger. Time is virtual, so a comparison carries no noise.
+
+use std::collections::BTreeMap;
 
 use anyhow::Context;
-use switchyard_sim::calibrate::{Routing, RunSpec, Workload, run};
-use switchyard_sim::profile;
+use switchyard_core::request::{RequestClass, WorkerKey};
+use switchyard_core::snapshot::WorkerState;
+use switchyard_core::{FleetConfig, FleetSnapshot, Outcome, RequestFeatures, Target, decide};
+use switchyard_sim::calibrate::{Route, RouteContext, Routing, RunSpec, Workload, run};
+use switchyard_sim::engine::EngineStats;
+use switchyard_sim::profile::{self, Profile};
+use switchyard_spoke::calibration::Calibrator;
 
 use crate::{Exit, Format};
 
@@ -21,7 +32,7 @@ pub struct Args {
     /// Workloads (control, shared-prefix).
     #[arg(long, value_delimiter = ',', default_value = "control,shared-prefix")]
     workload: Vec<String>,
-    /// Routing rules (random, prefix-affinity, oracle).
+    /// Routing rules (random, prefix-affinity, oracle, switchyard).
     #[arg(long, value_delimiter = ',', default_value = "random,prefix-affinity")]
     routing: Vec<String>,
     /// Concurrency levels.
@@ -39,6 +50,10 @@ pub struct Args {
     /// Seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// For `switchyard`: engine metrics as the spoke sees them, scraped every this many
+    /// simulated milliseconds (0: exact at every decision).
+    #[arg(long, default_value_t = 0.0)]
+    scrape_ms: f64,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
@@ -59,24 +74,24 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
             other => anyhow::bail!("unknown workload `{other}`"),
         };
         for r in &args.routing {
-            let routing = match r.as_str() {
-                "random" => Routing::Random,
-                "prefix-affinity" => Routing::PrefixAffinity,
-                "oracle" => Routing::Oracle,
-                other => anyhow::bail!("unknown routing `{other}`"),
-            };
             for &c in &args.concurrency {
+                let mut router: Box<dyn Route> = match r.as_str() {
+                    "random" => Box::new(Routing::Random),
+                    "prefix-affinity" => Box::new(Routing::PrefixAffinity),
+                    "oracle" => Box::new(Routing::Oracle),
+                    "switchyard" => Box::new(SpokeRoute::new(&p, args.engines, args.output_tokens, args.scrape_ms)?),
+                    other => anyhow::bail!("unknown routing `{other}`"),
+                };
                 let spec = RunSpec {
                     engines: args.engines,
                     workload,
-                    routing,
                     concurrency: c,
                     requests: args.requests,
                     warmup: args.warmup,
                     output_tokens: args.output_tokens,
                     seed: args.seed,
                 };
-                let result = run(&p, &spec);
+                let result = run(&p, &spec, router.as_mut());
                 if args.format == Format::Text {
                     println!(
                         "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%",
@@ -92,7 +107,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                         100.0 * result.cache_hit_rate
                     );
                 }
-                rows.push(serde_json::json!({"spec": spec, "result": result}));
+                rows.push(serde_json::json!({"routing": r, "spec": spec, "result": result}));
             }
         }
     }
@@ -100,4 +115,100 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"profile": p, "runs": rows}))?);
     }
     Ok(Exit::Ok)
+}
+
+/// The spoke's routing over virtual-time engines.
+struct SpokeRoute {
+    fleet: FleetConfig,
+    workers: Vec<WorkerKey>,
+    calibration: Calibrator,
+    output_tokens: u32,
+    requests: u64,
+    scrape_ms: f64,
+    /// Engine metrics as last scraped, and when.
+    scraped: Option<(f64, Vec<EngineStats>)>,
+}
+
+impl SpokeRoute {
+    /// A fleet of `engines` workers in one worker set, configured as the benchmark configures
+    /// the spoke: the profile's block size and prefill rate, nothing tuned per workload.
+    fn new(profile: &Profile, engines: u32, output_tokens: u32, scrape_ms: f64) -> anyhow::Result<SpokeRoute> {
+        let endpoints: String =
+            (0..engines).map(|i| format!("    - {{name: w{i}, host: 127.0.0.1, httpPort: {}}}\n", 8000 + i)).collect();
+        let rate = (1000.0 / profile.timing.prefill_ms_per_token).round();
+        let yaml = format!(
+            "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: sim}}\nspec:\n  model: sim-model\n  \
+             cluster: sim\n  endpoints:\n    static:\n{endpoints}  kvBlockSize: {bs}\n  capacity: {{prefillTokensPerSecond: {rate}}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: sim}}\nspec:\n  members: [{{workerSet: sim}}]\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: sim}}\nspec:\n  models: [{{name: sim-model, pool: sim}}]\n",
+            bs = profile.block_size,
+        );
+        let checked = switchyard_config::check_texts([("calibrate.yaml", yaml.as_str())]);
+        if let Some(d) = checked.diagnostics.iter().find(|d| d.is_error()) {
+            anyhow::bail!("the calibration fleet does not validate: {d}");
+        }
+        let initial = checked.config.worker_sets.get("sim").map(|ws| ws.ttft).unwrap_or_default();
+        let workers = (0..engines).map(|i| WorkerKey { worker_set: "sim".into(), worker: format!("w{i}") }).collect();
+        Ok(SpokeRoute {
+            fleet: checked.config,
+            workers,
+            calibration: Calibrator::new(initial),
+            output_tokens,
+            requests: 0,
+            scrape_ms,
+            scraped: None,
+        })
+    }
+}
+
+impl Route for SpokeRoute {
+    fn choose(&mut self, ctx: &RouteContext<'_>) -> usize {
+        self.requests += 1;
+        let mut snapshot = FleetSnapshot::default();
+        let mut cached = BTreeMap::new();
+        if self.scraped.as_ref().is_none_or(|(at, _)| ctx.now_ms - at >= self.scrape_ms) {
+            self.scraped = Some((ctx.now_ms, ctx.engines.iter().map(|e| e.stats()).collect()));
+        }
+        let scraped = self.scraped.as_ref().map(|(_, s)| s.as_slice()).unwrap_or_default();
+        for (i, key) in self.workers.iter().enumerate() {
+            let stats = scraped[i];
+            let (unstarted, unstarted_tokens) = ctx.ledger(i);
+            snapshot.workers.insert(
+                key.clone(),
+                WorkerState {
+                    healthy: true,
+                    waiting_requests: stats.waiting.max(unstarted),
+                    running_requests: stats.running,
+                    waiting_prefill_tokens: Some(unstarted_tokens),
+                    kv_cache_usage_percent: stats.kv_usage * 100.0,
+                    ttft: Some(self.calibration.model()),
+                },
+            );
+            let tokens = ctx.cached_or_booked_tokens(i);
+            if tokens > 0 {
+                cached.insert(key.clone(), tokens);
+            }
+        }
+        let features = RequestFeatures {
+            model: "sim-model".into(),
+            tenant: None,
+            tags: Default::default(),
+            class: RequestClass::Interactive,
+            complexity: None,
+            prompt_tokens: ctx.prompt.len() as u32,
+            max_output_tokens: Some(self.output_tokens),
+            cached_tokens: cached,
+            tie_breaker: self.requests.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        };
+        match decide(&self.fleet, &snapshot, &features).outcome {
+            Outcome::Route { target: Target::Worker { worker, .. } } => {
+                self.workers.iter().position(|k| k.worker == worker).unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    fn first_token(&mut self, _engine: usize, work_tokens: u64, running: u32, ttft_ms: f64) {
+        self.calibration.observe(work_tokens, running, ttft_ms);
+    }
 }

@@ -26,21 +26,27 @@ ROUTERS = ["random", "round-robin", "sglang-cache-aware", "vllm-router-cache-awa
 WORKLOADS = ["control", "shared-prefix", "multi-turn"]
 SLO_MS = {"control": 8000, "shared-prefix": 8000, "multi-turn": 4000}
 # Settings of the two modes per workload, in wall seconds at the workload's time scale.
-# Quick: shared-prefix and multi-turn at time scale 0.2 warm up for 110 s of simulated time
-# and measure 70 s (requests take ~18 s through a cache-aware router, ~55 s through random).
-# Control runs at 0.1 so that it can measure 300 s after a 200 s warm-up within the time
-# budget: its requests take ~95 s at c = 32, and the first waves' synchronised prefills decide
-# any shorter window's p95 (README.md). Its figures are tens of seconds, so the wall-clock
-# overhead that a smaller scale multiplies (a few ms per request) does not show in them, while
-# in the shared-prefix figures (~200 ms) it would.
-_QUICK_CACHED = {"time_scale": 0.2, "warmup": 22.0, "rampup": 8.0, "duration": 14.0}
-_FULL_CACHED = {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 60.0}
+# Every wall millisecond of overhead (HTTP, JSON, tokenisation, the Python client, a busy
+# core) counts 1/scale ms at scale 1, so each workload runs at the smallest scale whose
+# figures that overhead does not distort, and the quick mode spends its 15 minutes where a
+# figure needs samples:
+# - shared-prefix at 0.25: its cached TTFTs are ~170 ms, so overhead matters most here;
+#   110 s of simulated warm-up places the 24 prefixes, and 90 s are measured (random's
+#   requests take ~60 s, a cache-aware router's ~18 s);
+# - multi-turn at 0.2: 80 s warm-up, 60 s measured; its goal is goodput, which overhead of a
+#   few tens of ms does not move;
+# - control at 0.1: its requests take ~95 s at c = 32 and the first waves' synchronised
+#   prefills decide any shorter window's p95, so it needs 300 s measured after 180 s of
+#   warm-up; its figures are tens of seconds, where 10× overhead does not show.
 QUICK = {"concurrency": "32", "workloads": {
-    "control": {"time_scale": 0.1, "warmup": 20.0, "rampup": 4.0, "duration": 30.0},
-    "shared-prefix": _QUICK_CACHED, "multi-turn": _QUICK_CACHED}}
+    "control": {"time_scale": 0.1, "warmup": 18.0, "rampup": 4.0, "duration": 30.0},
+    "shared-prefix": {"time_scale": 0.25, "warmup": 27.5, "rampup": 10.0, "duration": 22.5},
+    "multi-turn": {"time_scale": 0.2, "warmup": 16.0, "rampup": 6.0, "duration": 12.0}}}
+_FULL_CACHED = {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 60.0}
 FULL = {"concurrency": "4,8,16,24,32", "workloads": {
     "control": {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 120.0},
-    "shared-prefix": _FULL_CACHED, "multi-turn": _FULL_CACHED}}
+    "shared-prefix": {"time_scale": 0.25, "warmup": 50.0, "rampup": 12.5, "duration": 75.0},
+    "multi-turn": _FULL_CACHED}}
 PROCS = []
 
 

@@ -34,7 +34,7 @@ impl Workload {
     }
 }
 
-/// How requests are assigned to engines.
+/// The built-in routing rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Routing {
@@ -48,6 +48,85 @@ pub enum Routing {
     Oracle,
 }
 
+/// A routing rule under test. The run calls [`Route::choose`] for every request and reports
+/// every first token back, so a rule that learns online (as the spoke's TTFT calibration
+/// does) learns here from the same observations.
+pub trait Route {
+    /// The engine (index into `ctx.engines`) the request goes to.
+    fn choose(&mut self, ctx: &RouteContext<'_>) -> usize;
+
+    /// A first token on `engine`: `work_tokens` were queued or uncached on it when the request
+    /// was dispatched (the dispatcher's own ledger plus the request's uncached tokens), while
+    /// `running` requests were in its batch.
+    fn first_token(&mut self, _engine: usize, _work_tokens: u64, _running: u32, _ttft_ms: f64) {}
+}
+
+/// A request dispatched to an engine that has not produced its first token: what a router
+/// knows of its own traffic (the spoke's in-flight ledger).
+#[derive(Debug, Clone)]
+pub struct Dispatched {
+    id: RequestId,
+    prompt: Arc<Vec<u32>>,
+    /// Prompt tokens that were not cached on the engine at dispatch.
+    pub uncached_tokens: u64,
+    work_tokens: u64,
+    running: u32,
+}
+
+/// What a routing rule sees when it places one request.
+pub struct RouteContext<'a> {
+    /// The request's prompt.
+    pub prompt: &'a [u32],
+    /// Which of the workload's shared prefixes it carries (for affinity rules).
+    pub prefix: u32,
+    /// The engines, in their true current state.
+    pub engines: &'a [Engine],
+    /// Milliseconds left of each engine's step in progress (0 when idle).
+    pub rest_of_step_ms: Vec<f64>,
+    /// Per engine, the requests dispatched to it without a first token yet.
+    pub unstarted: &'a [Vec<Dispatched>],
+    /// A fresh random number.
+    pub random: u64,
+    /// Virtual time of the decision, ms since the run started.
+    pub now_ms: f64,
+}
+
+impl RouteContext<'_> {
+    /// Prompt tokens a router that books its placements would count as cached on `engine`:
+    /// what the engine's prefix cache holds, or the block-aligned common prefix with a request
+    /// already dispatched there and not yet started (whose blocks are on their way).
+    pub fn cached_or_booked_tokens(&self, engine: usize) -> u32 {
+        let engine_ref = &self.engines[engine];
+        let bs = engine_ref.profile().block_size as usize;
+        let booked = self.unstarted[engine]
+            .iter()
+            .map(|d| d.prompt.iter().zip(self.prompt).take_while(|(a, b)| a == b).count() / bs * bs)
+            .max()
+            .unwrap_or(0);
+        engine_ref.cached_prefix_tokens(self.prompt).max(booked as u32)
+    }
+
+    /// (requests, uncached prompt tokens) dispatched to `engine` without a first token yet.
+    pub fn ledger(&self, engine: usize) -> (u32, u64) {
+        let list = &self.unstarted[engine];
+        (list.len() as u32, list.iter().map(|d| d.uncached_tokens).sum())
+    }
+}
+
+impl Route for Routing {
+    fn choose(&mut self, ctx: &RouteContext<'_>) -> usize {
+        let n = ctx.engines.len();
+        match self {
+            Routing::Random => (ctx.random % n as u64) as usize,
+            Routing::PrefixAffinity => ctx.prefix as usize % n,
+            Routing::Oracle => (0..n)
+                .map(|i| (i, ctx.rest_of_step_ms[i] + ctx.engines[i].predict_ttft_ms(ctx.prompt)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or(0, |(i, _)| i),
+        }
+    }
+}
+
 /// Parameters of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSpec {
@@ -55,8 +134,6 @@ pub struct RunSpec {
     pub engines: u32,
     /// Workload.
     pub workload: Workload,
-    /// Routing rule.
-    pub routing: Routing,
     /// Closed-loop clients.
     pub concurrency: u32,
     /// Requests to complete (after warm-up).
@@ -104,14 +181,15 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[idx]
 }
 
-/// Runs one closed-loop experiment in virtual time.
-pub fn run(profile: &Profile, spec: &RunSpec) -> RunResult {
+/// Runs one closed-loop experiment in virtual time with `router` placing every request.
+pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResult {
     let vocab: Arc<Vec<u32>> = Arc::new((1000..1400).collect());
     let mut engines: Vec<Engine> = (0..spec.engines)
         .map(|i| Engine::new(profile.clone(), mix(u64::from(i) + 17), spec.seed, vocab.clone()))
         .collect();
     let mut busy_until: Vec<Option<(f64, crate::engine::StepOutput)>> = (0..spec.engines).map(|_| None).collect();
-    let mut pending: HashMap<(u32, RequestId), Pending> = HashMap::new();
+    let mut unstarted: Vec<Vec<Dispatched>> = (0..spec.engines).map(|_| Vec::new()).collect();
+    let mut pending: HashMap<(usize, RequestId), Pending> = HashMap::new();
     let mut rng = spec.seed ^ 0xabcd;
     let mut next_rand = move || {
         rng = mix(rng);
@@ -134,28 +212,34 @@ pub fn run(profile: &Profile, spec: &RunSpec) -> RunResult {
     let (mut done, mut measured_start) = (0u32, None::<f64>);
     let (mut ttfts, mut itls, mut e2es) = (Vec::new(), Vec::new(), Vec::new());
     let mut submit = |engines: &mut Vec<Engine>,
-                      pending: &mut HashMap<(u32, RequestId), Pending>,
+                      unstarted: &mut Vec<Vec<Dispatched>>,
+                      pending: &mut HashMap<(usize, RequestId), Pending>,
                       busy_until: &[Option<(f64, crate::engine::StepOutput)>],
+                      router: &mut dyn Route,
                       now: f64,
                       next_rand: &mut dyn FnMut() -> u64| {
         let (prompt, prefix) = make_prompt(next_rand);
-        let e = match spec.routing {
-            Routing::Random => (next_rand() % u64::from(spec.engines)) as u32,
-            Routing::PrefixAffinity => prefix % spec.engines,
-            Routing::Oracle => {
-                let true_ttft = |i: usize| {
-                    let rest_of_step = busy_until[i].as_ref().map_or(0.0, |(t, _)| t - now);
-                    rest_of_step + engines[i].predict_ttft_ms(&prompt)
-                };
-                (0..engines.len()).map(|i| (i, true_ttft(i))).min_by(|a, b| a.1.total_cmp(&b.1)).map_or(0, |(i, _)| i)
-                    as u32
-            }
+        let ctx = RouteContext {
+            prompt: &prompt,
+            prefix,
+            engines: engines.as_slice(),
+            rest_of_step_ms: busy_until.iter().map(|b| b.as_ref().map_or(0.0, |(t, _)| t - now)).collect(),
+            unstarted: unstarted.as_slice(),
+            random: next_rand(),
+            now_ms: now,
         };
-        let id = engines[e as usize].add_request(prompt, spec.output_tokens);
+        let e = router.choose(&ctx).min(engines.len() - 1);
+        let uncached = (prompt.len() as u32).saturating_sub(engines[e].cached_prefix_tokens(&prompt));
+        let queued: u64 = unstarted[e].iter().map(|d| d.uncached_tokens).sum();
+        let running = engines[e].stats().running;
+        let prompt = Arc::new(prompt);
+        let id = engines[e].add_request(prompt.to_vec(), spec.output_tokens);
+        let uncached_tokens = u64::from(uncached);
+        unstarted[e].push(Dispatched { id, prompt, uncached_tokens, work_tokens: queued + uncached_tokens, running });
         pending.insert((e, id), Pending { arrived: now, first: None, last: now, itls: Vec::new() });
     };
     for _ in 0..spec.concurrency {
-        submit(&mut engines, &mut pending, &busy_until, now, &mut next_rand);
+        submit(&mut engines, &mut unstarted, &mut pending, &busy_until, router, now, &mut next_rand);
     }
     let total = spec.requests + spec.warmup;
     while done < total {
@@ -179,10 +263,14 @@ pub fn run(profile: &Profile, spec: &RunSpec) -> RunResult {
         let Some((t, out)) = busy_until[i].take() else { break };
         now = t;
         for tok in &out.tokens {
-            let key = (i as u32, tok.request);
+            let key = (i, tok.request);
             let Some(p) = pending.get_mut(&key) else { continue };
             if p.first.is_none() {
                 p.first = Some(now);
+                if let Some(pos) = unstarted[i].iter().position(|d| d.id == tok.request) {
+                    let d = unstarted[i].swap_remove(pos);
+                    router.first_token(i, d.work_tokens, d.running, now - p.arrived);
+                }
             } else {
                 p.itls.push(now - p.last);
             }
@@ -198,7 +286,7 @@ pub fn run(profile: &Profile, spec: &RunSpec) -> RunResult {
                     e2es.push((now - p.arrived) / 1000.0);
                 }
                 if done < total {
-                    submit(&mut engines, &mut pending, &busy_until, now, &mut next_rand);
+                    submit(&mut engines, &mut unstarted, &mut pending, &busy_until, router, now, &mut next_rand);
                 }
             }
         }

@@ -1,18 +1,19 @@
 //! Virtual-time runs: the routing rules rank as they must on the reference profile, and goodput
 //! counts only requests within the SLO.
 
-use switchyard_sim::calibrate::{Routing, RunSpec, Workload, run};
+use switchyard_sim::calibrate::{Routing, RunResult, RunSpec, Workload, run};
 use switchyard_sim::profile;
 
-fn spec(workload: Workload, routing: Routing) -> RunSpec {
-    RunSpec { engines: 3, workload, routing, concurrency: 8, requests: 120, warmup: 24, output_tokens: 300, seed: 1 }
+fn run_with(workload: Workload, mut routing: Routing) -> RunResult {
+    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
+    let spec = RunSpec { engines: 3, workload, concurrency: 8, requests: 120, warmup: 24, output_tokens: 300, seed: 1 };
+    run(p, &spec, &mut routing)
 }
 
 #[test]
 fn oracle_routing_keeps_prefixes_cached_and_beats_random_on_goodput() {
-    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
-    let random = run(p, &spec(Workload::SharedPrefix, Routing::Random));
-    let oracle = run(p, &spec(Workload::SharedPrefix, Routing::Oracle));
+    let random = run_with(Workload::SharedPrefix, Routing::Random);
+    let oracle = run_with(Workload::SharedPrefix, Routing::Oracle);
     // Random finds a prefix on the chosen engine about as often as an engine holds it (11 of 24).
     assert!(random.cache_hit_rate > 0.3 && random.cache_hit_rate < 0.6, "{random:?}");
     assert!(random.ttft_ms_p50 > 5_000.0, "{random:?}");
@@ -29,9 +30,8 @@ fn oracle_routing_keeps_prefixes_cached_and_beats_random_on_goodput() {
 
 #[test]
 fn oracle_routing_spreads_unique_prompts_better_than_random() {
-    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
-    let random = run(p, &spec(Workload::Control, Routing::Random));
-    let oracle = run(p, &spec(Workload::Control, Routing::Oracle));
+    let random = run_with(Workload::Control, Routing::Random);
+    let oracle = run_with(Workload::Control, Routing::Oracle);
     assert!(oracle.ttft_ms_p95 < random.ttft_ms_p95, "{oracle:?} vs {random:?}");
     assert!(oracle.ttft_ms_p50 <= random.ttft_ms_p50, "{oracle:?} vs {random:?}");
 }
