@@ -31,17 +31,17 @@ SLO_MS = {"control": 8000, "shared-prefix": 8000, "multi-turn": 4000}
 # figures that overhead does not distort, and the quick mode spends its 15 minutes where a
 # figure needs samples:
 # - shared-prefix at 0.25: its cached TTFTs are ~170 ms, so overhead matters most here;
-#   110 s of simulated warm-up places the 24 prefixes, and 90 s are measured (random's
+#   104 s of simulated warm-up place the 24 prefixes, and 84 s are measured (random's
 #   requests take ~60 s, a cache-aware router's ~18 s);
-# - multi-turn at 0.2: 80 s warm-up, 60 s measured; its goal is goodput, which overhead of a
-#   few tens of ms does not move;
+# - multi-turn at 0.2: 110 s warm-up (80 s left its conversations' first turns in the
+#   window), 70 s measured; its goal is goodput, which a few tens of ms do not move;
 # - control at 0.1: its requests take ~95 s at c = 32 and the first waves' synchronised
-#   prefills decide any shorter window's p95, so it needs 300 s measured after 180 s of
-#   warm-up; its figures are tens of seconds, where 10× overhead does not show.
+#   prefills decide any shorter window's p95, so it measures 280 s after 180 s of warm-up;
+#   its figures are tens of seconds, where 10× overhead does not show.
 QUICK = {"concurrency": "32", "workloads": {
-    "control": {"time_scale": 0.1, "warmup": 18.0, "rampup": 4.0, "duration": 30.0},
-    "shared-prefix": {"time_scale": 0.25, "warmup": 27.5, "rampup": 10.0, "duration": 22.5},
-    "multi-turn": {"time_scale": 0.2, "warmup": 16.0, "rampup": 6.0, "duration": 12.0}}}
+    "control": {"time_scale": 0.1, "warmup": 18.0, "rampup": 4.0, "duration": 28.0},
+    "shared-prefix": {"time_scale": 0.25, "warmup": 26.0, "rampup": 10.0, "duration": 21.0},
+    "multi-turn": {"time_scale": 0.2, "warmup": 22.0, "rampup": 8.0, "duration": 14.0}}}
 _FULL_CACHED = {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 60.0}
 FULL = {"concurrency": "4,8,16,24,32", "workloads": {
     "control": {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 120.0},
