@@ -189,19 +189,22 @@ def data_spec(workload, opts):
 
 
 def sim_counters(workers):
-    hits = queries = 0.0
+    """(prefix-cache hit tokens, queried tokens, seconds behind schedule), summed over the fleet."""
+    hits = queries = behind = 0.0
     for w in workers:
         for line in httpx.get(w["url"] + "/metrics", timeout=5).text.splitlines():
             if line.startswith("vllm:prefix_cache_hits_total"):
                 hits += float(line.rsplit(" ", 1)[1])
             elif line.startswith("vllm:prefix_cache_queries_total"):
                 queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
+            elif line.startswith("sim:behind_schedule_seconds_total"):
+                behind += float(line.rsplit(" ", 1)[1])
+    return hits, queries, behind
 
 
 class CounterSampler:
-    """Samples the fleet's prefix-cache counters once a second, so the hit rate can be taken
-    over exactly GuideLLM's measurement window (the warm-up excluded)."""
+    """Samples the fleet's counters once a second, so rates can be taken over exactly
+    GuideLLM's measurement window (the warm-up excluded)."""
 
     def __init__(self, workers):
         self.workers = workers
@@ -226,13 +229,22 @@ class CounterSampler:
         self.done.set()
         self.thread.join()
 
-    def hit_rate(self, start, end):
+    def _deltas(self, start, end):
         if not self.samples:
-            return 0.0
+            return None
         first = min(self.samples, key=lambda s: abs(s[0] - start))
         last = min(self.samples, key=lambda s: abs(s[0] - end))
-        hits, queries = last[1] - first[1], last[2] - first[2]
-        return hits / queries if queries > 0 else 0.0
+        return [b - a for a, b in zip(first, last)]
+
+    def hit_rate(self, start, end):
+        d = self._deltas(start, end)
+        return d[1] / d[2] if d and d[2] > 0 else 0.0
+
+    def behind_schedule(self, start, end):
+        """Share of the window's wall time by which the average worker fell behind its timing
+        model: 0 means the fleet kept to the model; figures are then exact at scale 1."""
+        d = self._deltas(start, end)
+        return d[3] / (d[0] * len(self.workers)) if d and d[0] > 0 else 0.0
 
 
 class GuideLLM:
@@ -440,8 +452,10 @@ def main():
                             raw = run_guidellm(guidellm, url, workload, c, settings[workload], opts,
                                                rdir / f"guidellm-c{c}.json")
                         bench = raw["benchmarks"][0]
-                        hit = counters.hit_rate(bench["start_time"], bench["end_time"])
-                        runs.append({"router": router, "workload": workload, "concurrency": c, **summarise(raw, workload, scale, hit)})
+                        window = (bench["start_time"], bench["end_time"])
+                        run = summarise(raw, workload, scale, counters.hit_rate(*window))
+                        run["fleet_behind_schedule"] = counters.behind_schedule(*window)
+                        runs.append({"router": router, "workload": workload, "concurrency": c, **run})
                         (out / "results.json").write_text(json.dumps({"runs": runs}, indent=2))
                 finally:
                     if rproc:

@@ -1,6 +1,7 @@
 """`/metrics` parses as Prometheus text and its values move with load."""
 
 import threading
+import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -60,3 +61,29 @@ def test_metrics_parse_and_move(start_sim):
     # Identical prefixes across calls show up as prefix-cache hits.
     httpx.post(sim.url + "/v1/completions", json={"model": sim.model, "prompt": "load 0 " * 30, "max_tokens": 1}, timeout=60)
     assert value(scrape(sim), "vllm:prefix_cache_hits_total") > value(m1, "vllm:prefix_cache_hits_total")
+
+
+def _load(sim, n, prefix):
+    def one(i):
+        httpx.post(sim.url + "/v1/completions", json={"model": sim.model, "prompt": f"{prefix} {i} " * 30, "max_tokens": 10},
+                   timeout=60)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_behind_schedule_counts_steps_the_machine_could_not_keep(start_sim):
+    # Time scale 5: every step lasts long enough that the loop keeps to the model.
+    paced = start_sim("--time-scale", "5", kv_events=False)
+    assert value(scrape(paced), "sim:behind_schedule_seconds_total") == 0
+    t0 = time.monotonic()
+    _load(paced, 4, "paced")
+    elapsed = time.monotonic() - t0
+    assert value(scrape(paced), "sim:behind_schedule_seconds_total") < 0.2 * elapsed
+    # A time scale so small that no machine can step that fast: the loop falls behind and says so.
+    rushed = start_sim("--time-scale", "0.00001", kv_events=False)
+    _load(rushed, 4, "rushed")
+    assert value(scrape(rushed), "sim:behind_schedule_seconds_total") > 0

@@ -32,6 +32,10 @@ pub const ITL_SECONDS: &str = "vllm:inter_token_latency_seconds";
 pub const E2E_SECONDS: &str = "vllm:e2e_request_latency_seconds";
 /// `vllm:cache_config_info`.
 pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// Simulator only: wall seconds by which the engine loop started its steps later than the
+/// timing model scheduled them (a busy machine, or step computation itself). Divided by the
+/// elapsed wall time it says how far the fleet fell behind the model it stands for.
+pub const BEHIND_SCHEDULE_SECONDS: &str = "sim:behind_schedule_seconds";
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -93,6 +97,8 @@ pub struct Values {
     pub finished_stop: u64,
     /// Counter: requests aborted (client gone).
     pub finished_abort: u64,
+    /// Counter, wall seconds (see [`BEHIND_SCHEDULE_SECONDS`]).
+    pub behind_schedule_seconds: f64,
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
@@ -126,6 +132,7 @@ impl Metrics {
                 finished_length: 0,
                 finished_stop: 0,
                 finished_abort: 0,
+                behind_schedule_seconds: 0.0,
                 ttft: Histogram::new(TTFT_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
@@ -193,6 +200,12 @@ impl Metrics {
         for (reason, n) in [("length", v.finished_length), ("stop", v.finished_stop), ("abort", v.finished_abort)] {
             let _ = writeln!(out, "{REQUEST_SUCCESS}_total{{{labels},finished_reason=\"{reason}\"}} {n}.0");
         }
+        let _ = writeln!(
+            out,
+            "# HELP {BEHIND_SCHEDULE_SECONDS}_total Wall seconds the engine loop started steps later than its timing model.\n\
+             # TYPE {BEHIND_SCHEDULE_SECONDS}_total counter\n{BEHIND_SCHEDULE_SECONDS}_total{{{labels}}} {}",
+            v.behind_schedule_seconds
+        );
         let mut hist = |name: &str, help: &str, h: &Histogram| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
             for (b, c) in h.buckets.iter().zip(&h.counts) {

@@ -153,7 +153,12 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
 
         // Pace in real time; keep the cadence when steps run back to back.
         let scaled_ms = out.duration_ms * deps.time_scale * deps.faults.slowdown();
-        let start = next_deadline.max(Instant::now());
+        let now = Instant::now();
+        if now > next_deadline {
+            let behind = (now - next_deadline).as_secs_f64();
+            deps.metrics.update(|v| v.behind_schedule_seconds += behind);
+        }
+        let start = next_deadline.max(now);
         next_deadline = start + std::time::Duration::from_secs_f64(scaled_ms.max(0.0) / 1000.0);
         loop {
             tokio::select! {
