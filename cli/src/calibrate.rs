@@ -136,12 +136,32 @@ impl SpokeRoute {
         let endpoints: String =
             (0..engines).map(|i| format!("    - {{name: w{i}, host: 127.0.0.1, httpPort: {}}}\n", 8000 + i)).collect();
         let rate = (1000.0 / profile.timing.prefill_ms_per_token).round();
+        let bs = profile.block_size;
+        // The same three resources the benchmark gives the spoke (e2e/bench/harness.py).
         let yaml = format!(
-            "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: sim}}\nspec:\n  model: sim-model\n  \
-             cluster: sim\n  endpoints:\n    static:\n{endpoints}  kvBlockSize: {bs}\n  capacity: {{prefillTokensPerSecond: {rate}}}\n\
-             ---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: sim}}\nspec:\n  members: [{{workerSet: sim}}]\n\
-             ---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: sim}}\nspec:\n  models: [{{name: sim-model, pool: sim}}]\n",
-            bs = profile.block_size,
+            r#"apiVersion: switchyard.dev/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{name: sim}}
+spec:
+  model: sim-model
+  cluster: sim
+  endpoints:
+    static:
+{endpoints}  kvBlockSize: {bs}
+  capacity: {{prefillTokensPerSecond: {rate}}}
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: sim}}
+spec:
+  members: [{{workerSet: sim}}]
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: GatewayBackend
+metadata: {{name: sim}}
+spec:
+  models: [{{name: sim-model, pool: sim}}]
+"#
         );
         let checked = switchyard_config::check_texts([("calibrate.yaml", yaml.as_str())]);
         if let Some(d) = checked.diagnostics.iter().find(|d| d.is_error()) {

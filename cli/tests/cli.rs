@@ -205,3 +205,37 @@ fn explain_refuses_unknown_workers_and_bad_files() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn calibrate_runs_the_spokes_own_routing_in_virtual_time() {
+    let out = switchyard(&[
+        "calibrate",
+        "--workload",
+        "shared-prefix",
+        "--routing",
+        "random,switchyard",
+        "--concurrency",
+        "8",
+        "--requests",
+        "120",
+        "--warmup",
+        "24",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let result = |routing: &str| {
+        v["runs"].as_array().expect("runs").iter().find(|r| r["routing"] == routing).expect("run")["result"].clone()
+    };
+    let (random, spoke) = (result("random"), result("switchyard"));
+    let p50 = |r: &serde_json::Value| r["ttft_ms_p50"].as_f64().expect("p50");
+    // The spoke keeps each prefix where it is cached: its median is one engine step, random's a
+    // whole 16k-token prefill.
+    assert!(p50(&spoke) * 10.0 < p50(&random), "{spoke} vs {random}");
+    assert!(spoke["goodput_per_min"].as_f64() > random["goodput_per_min"].as_f64(), "{spoke} vs {random}");
+
+    let bad = switchyard(&["calibrate", "--routing", "nearest", "--requests", "1", "--warmup", "0"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown routing `nearest`"));
+}
