@@ -15,6 +15,7 @@ use switchyard_sim::engine::EngineStats;
 use switchyard_sim::profile::{self, Profile};
 use switchyard_spoke::calibration::Calibrator;
 
+use crate::loopback_fleet::LoopbackFleet;
 use crate::{Exit, Format};
 
 /// Arguments of `switchyard calibrate`.
@@ -133,36 +134,19 @@ impl SpokeRoute {
     /// A fleet of `engines` workers in one worker set, configured as the benchmark configures
     /// the spoke: the profile's block size and prefill rate, nothing tuned per workload.
     fn new(profile: &Profile, engines: u32, output_tokens: u32, scrape_ms: f64) -> anyhow::Result<SpokeRoute> {
-        let endpoints: String =
-            (0..engines).map(|i| format!("    - {{name: w{i}, host: 127.0.0.1, httpPort: {}}}\n", 8000 + i)).collect();
+        let endpoints: Vec<String> =
+            (0..engines).map(|i| format!("{{name: w{i}, host: 127.0.0.1, httpPort: {}}}", 8000 + i)).collect();
         let rate = (1000.0 / profile.timing.prefill_ms_per_token).round();
-        let bs = profile.block_size;
-        // The same three resources the benchmark gives the spoke (e2e/bench/harness.py).
-        let yaml = format!(
-            r#"apiVersion: switchyard.dev/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{name: sim}}
-spec:
-  model: sim-model
-  cluster: sim
-  endpoints:
-    static:
-{endpoints}  kvBlockSize: {bs}
-  capacity: {{prefillTokensPerSecond: {rate}}}
----
-apiVersion: switchyard.dev/v1alpha1
-kind: InferencePool
-metadata: {{name: sim}}
-spec:
-  members: [{{workerSet: sim}}]
----
-apiVersion: switchyard.dev/v1alpha1
-kind: GatewayBackend
-metadata: {{name: sim}}
-spec:
-  models: [{{name: sim-model, pool: sim}}]
-"#
-        );
+        // Configured as the benchmark configures the spoke (e2e/bench/harness.py).
+        let yaml = LoopbackFleet {
+            name: "sim",
+            model: "sim-model",
+            endpoints: &endpoints,
+            block_size: profile.block_size,
+            worker_set_spec: &format!("  capacity: {{prefillTokensPerSecond: {rate}}}\n"),
+            backend_spec: "",
+        }
+        .yaml();
         let checked = switchyard_config::check_texts([("calibrate.yaml", yaml.as_str())]);
         if let Some(d) = checked.diagnostics.iter().find(|d| d.is_error()) {
             anyhow::bail!("the calibration fleet does not validate: {d}");

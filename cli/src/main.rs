@@ -9,6 +9,7 @@ mod calibrate;
 mod crds;
 mod explain;
 mod lb;
+mod loopback_fleet;
 mod signals;
 mod sim;
 mod tokenizer;
