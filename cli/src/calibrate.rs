@@ -2,14 +2,16 @@
 //! routing. Besides the simulator's built-in rules, `switchyard` routes with the spoke's own
 //! decision function ([`switchyard_core::decide`]) and its online TTFT calibration, fed what
 //! the spoke knows in production: engine load, its prefix index (exact here, booked at
-//! dispatch) and its in-flight ledger. Time is virtual, so a comparison carries no noise.
+//! dispatch) and its in-flight ledger, planned through the same `switchyard_gateway::plan`
+//! functions the spoke uses. Time is virtual, so a comparison carries no noise.
 
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use switchyard_core::request::{RequestClass, WorkerKey};
-use switchyard_core::snapshot::WorkerState;
-use switchyard_core::{FleetConfig, FleetSnapshot, Outcome, RequestFeatures, Target, decide};
+use switchyard_core::request::WorkerKey;
+use switchyard_core::{FleetConfig, Outcome, Target};
+use switchyard_gateway::request::{Dialect, Prompt, TextPrompt};
+use switchyard_gateway::{InferenceRequest, plan};
 use switchyard_sim::calibrate::{Route, RouteContext, Routing, RunSpec, Workload, run};
 use switchyard_sim::engine::EngineStats;
 use switchyard_sim::profile::{self, Profile};
@@ -123,7 +125,8 @@ struct SpokeRoute {
     fleet: FleetConfig,
     workers: Vec<WorkerKey>,
     calibration: Calibrator,
-    output_tokens: u32,
+    /// The request every decision plans for (the prompt length comes from the workload).
+    request: InferenceRequest,
     requests: u64,
     scrape_ms: f64,
     /// Engine metrics as last scraped, and when.
@@ -157,7 +160,10 @@ impl SpokeRoute {
             fleet: checked.config,
             workers,
             calibration: Calibrator::new(initial),
-            output_tokens,
+            request: InferenceRequest {
+                max_tokens: Some(output_tokens),
+                ..InferenceRequest::new(Dialect::OpenAi, "sim-model", Prompt::Text(TextPrompt::Tokens(Vec::new())))
+            },
             requests: 0,
             scrape_ms,
             scraped: None,
@@ -168,43 +174,32 @@ impl SpokeRoute {
 impl Route for SpokeRoute {
     fn choose(&mut self, ctx: &RouteContext<'_>) -> usize {
         self.requests += 1;
-        let mut snapshot = FleetSnapshot::default();
         let mut cached = BTreeMap::new();
         if self.scraped.as_ref().is_none_or(|(at, _)| ctx.now_ms - at >= self.scrape_ms) {
             self.scraped = Some((ctx.now_ms, ctx.engines.iter().map(|e| e.stats()).collect()));
         }
         let scraped = self.scraped.as_ref().map(|(_, s)| s.as_slice()).unwrap_or_default();
+        let mut views = Vec::with_capacity(self.workers.len());
         for (i, key) in self.workers.iter().enumerate() {
             let stats = scraped[i];
             let (unstarted, unstarted_tokens) = ctx.ledger(i);
-            snapshot.workers.insert(
-                key.clone(),
-                WorkerState {
-                    healthy: true,
-                    waiting_requests: stats.waiting.max(unstarted),
-                    running_requests: stats.running,
-                    waiting_prefill_tokens: Some(unstarted_tokens),
-                    kv_cache_usage_percent: stats.kv_usage * 100.0,
-                    ttft: Some(self.calibration.model()),
-                },
-            );
+            views.push(plan::WorkerView {
+                healthy: true,
+                engine_waiting: stats.waiting,
+                engine_running: stats.running,
+                kv_usage: stats.kv_usage,
+                unstarted_requests: unstarted,
+                unstarted_prefill_tokens: unstarted_tokens,
+                ttft: Some(self.calibration.model()),
+            });
             let tokens = ctx.cached_or_booked_tokens(i);
             if tokens > 0 {
                 cached.insert(key.clone(), tokens);
             }
         }
-        let features = RequestFeatures {
-            model: "sim-model".into(),
-            tenant: None,
-            tags: Default::default(),
-            class: RequestClass::Interactive,
-            complexity: None,
-            prompt_tokens: ctx.prompt.len() as u32,
-            max_output_tokens: Some(self.output_tokens),
-            cached_tokens: cached,
-            tie_breaker: self.requests.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        };
-        match decide(&self.fleet, &snapshot, &features).outcome {
+        let snapshot = plan::snapshot(self.workers.iter().cloned().zip(views.iter()));
+        let features = plan::features(&self.request, ctx.prompt.len() as u32, cached, self.requests);
+        match plan::plan(&self.fleet, &snapshot, &features).outcome {
             Outcome::Route { target: Target::Worker { worker, .. } } => {
                 self.workers.iter().position(|k| k.worker == worker).unwrap_or(0)
             }

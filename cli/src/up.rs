@@ -25,7 +25,19 @@ pub struct SpokeArgs {
     /// Front-door address.
     #[arg(long, default_value = switchyard_spoke::DEFAULT_LISTEN)]
     listen: SocketAddr,
-    /// Write the bound address as JSON to this file once listening.
+    /// Admin address (status, metrics, decision traces).
+    #[arg(long, default_value = switchyard_spoke::DEFAULT_ADMIN_LISTEN)]
+    admin_listen: SocketAddr,
+    /// Requests in flight at most; beyond it requests get 503 (OpenAI) / 529 (Anthropic).
+    #[arg(long, default_value_t = 1024)]
+    max_concurrent: usize,
+    /// Largest request body, bytes.
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Seconds in-flight streams may run after SIGTERM before they are ended.
+    #[arg(long, default_value_t = 30)]
+    drain_seconds: u64,
+    /// Write the bound addresses as JSON to this file once listening.
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
 }
@@ -36,6 +48,9 @@ pub struct UpArgs {
     /// Front-door port on 127.0.0.1.
     #[arg(long, default_value_t = 8080)]
     port: u16,
+    /// Admin port (status, metrics, decision traces) on 127.0.0.1.
+    #[arg(long, default_value_t = 9090)]
+    admin_port: u16,
     /// Number of simulated workers.
     #[arg(long, default_value_t = 3)]
     workers: u32,
@@ -54,16 +69,22 @@ pub struct UpArgs {
 pub fn run_spoke(args: &SpokeArgs) -> anyhow::Result<Exit> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async {
+        let mut limits = Limits::default();
+        limits.front.max_concurrent = args.max_concurrent;
+        limits.front.max_body_bytes = args.max_body_bytes;
+        limits.serve.drain = std::time::Duration::from_secs(args.drain_seconds);
         let spoke = Spoke::start(SpokeConfig {
             listen: args.listen,
+            admin_listen: args.admin_listen,
             config_paths: args.config.clone(),
             reload_interval: DEFAULT_RELOAD_INTERVAL,
-            limits: Limits::default(),
+            limits,
         })
         .await?;
-        println!("spoke listening on http://{}", spoke.addr);
+        println!("spoke listening on http://{} (admin http://{})", spoke.addr, spoke.admin_addr);
         if let Some(path) = &args.ready_file {
-            std::fs::write(path, serde_json::json!({"url": format!("http://{}", spoke.addr)}).to_string())
+            let ready = serde_json::json!({"url": format!("http://{}", spoke.addr), "admin": format!("http://{}", spoke.admin_addr)});
+            std::fs::write(path, ready.to_string())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         crate::signals::wait_for_shutdown().await;
@@ -139,6 +160,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<Exit> {
         std::fs::write(dir.join("fleet.yaml"), local_config(&args.model, &tokenizer, &fleet.workers))?;
         let spoke = match Spoke::start(SpokeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], args.port)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], args.admin_port)),
             config_paths: vec![dir.clone()],
             reload_interval: DEFAULT_RELOAD_INTERVAL,
             limits: Limits::default(),
@@ -153,11 +175,13 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<Exit> {
             }
         };
         let url = format!("http://{}", spoke.addr);
+        let admin = format!("http://{}", spoke.admin_addr);
         println!("Switchyard local fleet: {} simulated worker(s) behind a spoke.", fleet.workers.len());
         for w in &fleet.workers {
             println!("  worker-{}  http://{}", w.index, w.http);
         }
-        println!("\nFront door: {url}   (status: {url}/status, metrics: {url}/metrics)");
+        println!("\nFront door: {url}   (OpenAI /v1/chat/completions, Anthropic /v1/messages)");
+        println!("Admin:      {admin}   (status: {admin}/status, metrics: {admin}/metrics)");
         println!(
             "Try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"standard-model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 16}}'\n"
         );

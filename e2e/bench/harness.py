@@ -167,7 +167,7 @@ def start_router(name, opts, workers, outdir, time_scale):
         cfg = outdir / "spoke-config"
         cfg.mkdir(exist_ok=True)
         (cfg / "fleet.yaml").write_text(spoke_yaml(opts, workers, time_scale))
-        args = [opts.bin, "spoke", "--config", str(cfg), "--listen", f"127.0.0.1:{port}"]
+        args = [opts.bin, "spoke", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0"]
         health = "/readyz"
     else:
         raise ValueError(name)

@@ -174,16 +174,18 @@ spec:
 
 
 class Spoke:
-    def __init__(self, proc, url, config_dir):
+    def __init__(self, proc, ready, config_dir, log_path):
         self.proc = proc
-        self.url = url
+        self.url = ready["url"]
+        self.admin = ready["admin"]
         self.config_dir = config_dir
+        self.log_path = log_path
 
     def status(self):
-        return httpx.get(self.url + "/status", timeout=5).json()
+        return httpx.get(self.admin + "/status", timeout=5).json()
 
     def decision(self, decision_id):
-        return httpx.get(f"{self.url}/debug/decisions/{decision_id}", timeout=5).json()
+        return httpx.get(f"{self.admin}/debug/decisions/{decision_id}", timeout=5).json()
 
     def write_config(self, text):
         tmp = self.config_dir / "fleet.yaml.tmp"
@@ -198,14 +200,14 @@ class Spoke:
 def start_spoke():
     started = []
 
-    def start(config_text):
+    def start(config_text, *extra):
         tmp = Path(tempfile.mkdtemp(prefix="spoke-"))
         cfg = tmp / "config"
         cfg.mkdir()
         (cfg / "fleet.yaml").write_text(config_text)
         ready = tmp / "ready.json"
         log = tmp / "spoke.log"
-        proc = subprocess.Popen([switchyard_bin(), "spoke", "--config", str(cfg), "--listen", "127.0.0.1:0", "--ready-file", str(ready)],
+        proc = subprocess.Popen([switchyard_bin(), "spoke", "--config", str(cfg), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--ready-file", str(ready), *extra],
                                 stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "SWITCHYARD_LOG": "info"})
         deadline = time.time() + 30
         while not ready.exists():
@@ -213,7 +215,7 @@ def start_spoke():
                 proc.kill()
                 raise RuntimeError(f"spoke did not start: {log.read_text()}")
             time.sleep(0.05)
-        spoke = Spoke(proc, json.loads(ready.read_text())["url"], cfg)
+        spoke = Spoke(proc, json.loads(ready.read_text()), cfg, log)
         started.append(spoke)
         # Ready once every worker has been scraped.
         while time.time() < deadline:

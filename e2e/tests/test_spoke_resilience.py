@@ -57,7 +57,7 @@ def test_event_gap_is_replayed_and_restart_resynchronised(start_sim, start_spoke
     on_w0 = []
     while len(on_w0) < 4:
         text = prompt(rng)
-        if send(spoke, text).headers["x-switchyard-worker"] == "local/w0":
+        if send(spoke, text).headers["x-switchyard-target"] == "local/w0":
             on_w0.append(text)
     assert wait_for(lambda: worker_status(spoke, "w0")["kvEvents"]["replays"] >= 1), worker_status(spoke, "w0")
     st = worker_status(spoke, "w0")["kvEvents"]
@@ -65,21 +65,21 @@ def test_event_gap_is_replayed_and_restart_resynchronised(start_sim, start_spoke
     # Every prompt sent during the gap is in the index (not just in the pending overlay).
     for text in on_w0:
         r = send(spoke, text)
-        d = spoke.decision(r.headers["x-switchyard-decision-id"])
+        d = spoke.decision(r.headers["request-id"])
         full = len(httpx.post(sim.url + "/tokenize", json={"prompt": text}).json()["tokens"]) // 16 * 16
         assert indexed(d, "w0") == full, (indexed(d, "w0"), full)
-        assert r.headers["x-switchyard-worker"] == "local/w0"
+        assert r.headers["x-switchyard-target"] == "local/w0"
 
     # Restart: worker 1's engine loses its cache and its stream starts again at 0.
     on_w1 = None
     while on_w1 is None:
         text = prompt(rng)
-        if send(spoke, text).headers["x-switchyard-worker"] == "local/w1":
+        if send(spoke, text).headers["x-switchyard-target"] == "local/w1":
             on_w1 = text
-    assert wait_for(lambda: indexed(spoke.decision(send(spoke, on_w1).headers["x-switchyard-decision-id"]), "w1") > 0)
+    assert wait_for(lambda: indexed(spoke.decision(send(spoke, on_w1).headers["request-id"]), "w1") > 0)
     sim.faults(worker=1, restartEventStream=True)
     assert wait_for(lambda: worker_status(spoke, "w1")["kvEvents"]["restarts"] >= 1), worker_status(spoke, "w1")
-    d = spoke.decision(send(spoke, on_w1).headers["x-switchyard-decision-id"])
+    d = spoke.decision(send(spoke, on_w1).headers["request-id"])
     assert all(e["worker"] != "w1" for e in d["cachedTokens"]), d["cachedTokens"]
     assert indexed(d, "w1") == 0
 
@@ -108,7 +108,7 @@ def test_tokenization_drift_falls_back_and_recovers(start_sim, start_spoke, tmp_
     assert modes[-1] in ("DEGRADED", "FALLBACK"), modes
     assert modes.index(modes[-1]) < 50
     # Meanwhile routing is load-aware: the cache signal is not trusted.
-    d = spoke.decision(chat().headers["x-switchyard-decision-id"])
+    d = spoke.decision(chat().headers["request-id"])
     assert d["fidelityModes"]["local"] == "FALLBACK"
     assert d["cachedTokens"] == []
 
@@ -126,7 +126,7 @@ def read_stream(url, body, out):
     """Reads an SSE stream; records ('done'|'error'|'exception', worker, chunks)."""
     try:
         with httpx.stream("POST", url, json=body, timeout=30) as r:
-            worker = r.headers.get("x-switchyard-worker")
+            worker = r.headers.get("x-switchyard-target")
             chunks = 0
             for line in r.iter_lines():
                 if line.startswith("data: [DONE]"):
@@ -173,7 +173,7 @@ def test_killed_worker_is_avoided_and_streams_end_with_an_error(start_sim, start
     while time.time() < killed_at + 4:
         sent_at = time.time()
         r = httpx.post(spoke.url + "/v1/completions", json={"model": "sim-model", "prompt": prompt(rng, 30), "max_tokens": 1}, timeout=30)
-        late.append((sent_at - killed_at, r.status_code, r.headers.get("x-switchyard-worker")))
+        late.append((sent_at - killed_at, r.status_code, r.headers.get("x-switchyard-target")))
     assert all(code == 200 for _, code, _ in late), late
     assert not [x for x in late if x[0] >= 2.0 and x[2] == "local/w0"], late
 
@@ -226,7 +226,7 @@ def test_engine_rendered_tokens_route_to_the_cache(start_sim, start_spoke):
         body = {"model": "standard-model", "max_tokens": 2, "messages": [{"role": "system", "content": shared}, {"role": "user", "content": f"question {i}"}]}
         r = httpx.post(spoke.url + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
-        workers.append(r.headers["x-switchyard-worker"])
+        workers.append(r.headers["x-switchyard-target"])
         cached = (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         if i > 0:
             assert cached >= 290, cached

@@ -109,7 +109,7 @@ def test_unique_prompts_spread(start_sim, start_spoke):
     def send(prompt):
         r = httpx.post(spoke.url + "/v1/completions", json={"model": "sim-model", "prompt": prompt, "max_tokens": 2}, timeout=60)
         assert r.status_code == 200, r.text
-        return r.headers["x-switchyard-worker"]
+        return r.headers["x-switchyard-target"]
 
     counts = collections.Counter(run_workload(send, items, 6))
     print(counts)

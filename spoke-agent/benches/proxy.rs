@@ -8,7 +8,6 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
 use switchyard_sim::wire::WireFormat;
 use switchyard_sim::{Fleet, KvEventsConfig, SimConfig, profile};
-use switchyard_spoke::http::Limits;
 use switchyard_spoke::{Spoke, SpokeConfig};
 
 async fn ttft(client: &reqwest::Client, url: &str, model: &str) -> f64 {
@@ -63,7 +62,7 @@ fn bench(c: &mut Criterion) {
             ),
         )
         .expect("config");
-        let spoke = Spoke::start(SpokeConfig { listen: "127.0.0.1:0".parse().expect("addr"), config_paths: vec![dir.clone()], reload_interval: Duration::from_secs(60), limits: Limits::default() })
+        let spoke = Spoke::start(SpokeConfig { reload_interval: Duration::from_secs(60), ..SpokeConfig::loopback(vec![dir.clone()]) })
             .await
             .expect("spoke");
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -3,9 +3,9 @@
 //! Wiring (each part documents its own invariants):
 //! [`source`] publishes configuration snapshots ([`topology::Topology`]) → [`registry`]
 //! reconciles live workers (per worker: [`kv_subscriber`] feeding the set's [`index`], and a
-//! [`load`] scraper) → [`http`] serves the OpenAI API: [`tokenize`], index lookup, the pure
-//! policy engine from `switchyard-core`, booking, forwarding, [`fidelity`] and
-//! [`calibration`] from each response. Every task has an owner and stops on [`Spoke::shutdown`].
+//! [`load`] scraper) → the gateway's front door (OpenAI and Anthropic) with [`http`]'s
+//! backend: [`tokenize`], index lookup, the shared planning step, booking, and observers for
+//! [`fidelity`], [`calibration`] and the load ledger. Every task has an owner and stops on [`Spoke::shutdown`].
 
 pub mod calibration;
 pub mod fidelity;
@@ -31,12 +31,17 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::http::{App, Limits};
+use switchyard_gateway::admission::CpuPool;
+use switchyard_gateway::server::{FrontDoor, api_router, serve};
+
+use crate::http::{App, Limits, SpokeBackend};
 use crate::registry::Registry;
 use crate::source::SourceStatus;
 
 /// Default listen address: loopback only unless configured.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default admin address (status, metrics, decision traces): loopback, apart from the API.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 /// Default configuration poll interval.
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -45,12 +50,27 @@ pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 pub struct SpokeConfig {
     /// Front door address.
     pub listen: SocketAddr,
+    /// Admin endpoints' address.
+    pub admin_listen: SocketAddr,
     /// Configuration files or directories.
     pub config_paths: Vec<PathBuf>,
     /// How often to look for configuration changes.
     pub reload_interval: Duration,
-    /// Front-door limits.
+    /// Request-path limits.
     pub limits: Limits,
+}
+
+impl SpokeConfig {
+    /// Settings with default limits and loopback listeners on ephemeral ports (tests, benches).
+    pub fn loopback(config_paths: Vec<PathBuf>) -> SpokeConfig {
+        SpokeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            config_paths,
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
+            limits: Limits::default(),
+        }
+    }
 }
 
 /// Why the spoke could not start.
@@ -59,7 +79,7 @@ pub enum StartError {
     /// The initial configuration is unusable.
     #[error(transparent)]
     Config(#[from] source::SourceError),
-    /// The listener could not bind.
+    /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         /// Address.
@@ -77,6 +97,8 @@ pub enum StartError {
 pub struct Spoke {
     /// Where the front door listens.
     pub addr: SocketAddr,
+    /// Where the admin endpoints listen.
+    pub admin_addr: SocketAddr,
     /// Shared state (tests inspect it).
     pub app: Arc<App>,
     shutdown: CancellationToken,
@@ -84,8 +106,15 @@ pub struct Spoke {
     registry: Arc<Registry>,
 }
 
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| StartError::Listen { addr, source })?;
+    Ok((listener, bound))
+}
+
 impl Spoke {
-    /// Loads the configuration, starts every worker's tasks and the front door.
+    /// Loads the configuration, starts every worker's tasks, the front door and the admin
+    /// listener.
     pub async fn start(cfg: SpokeConfig) -> Result<Spoke, StartError> {
         let topo = Arc::new(source::load(&cfg.config_paths, 1)?);
         let shutdown = CancellationToken::new();
@@ -123,6 +152,7 @@ impl Spoke {
                 }
             }));
         }
+        let cpu = CpuPool::new(cfg.limits.cpu_threads);
         let app = Arc::new(App {
             registry: registry.clone(),
             topology: rx,
@@ -132,30 +162,42 @@ impl Spoke {
             next_request: AtomicU64::new(0),
             limits: cfg.limits.clone(),
             source_status: status,
+            cpu: cpu.clone(),
         });
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
-        let router = http::router(app.clone());
-        // Token-by-token streaming writes small frames; without TCP_NODELAY, Nagle's algorithm
-        // holds them back until the peer's delayed ACK (~40 ms on Linux).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let stop = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await;
-        }));
-        Ok(Spoke { addr, app, shutdown, tasks, registry })
+        let (listener, addr) = bind(cfg.listen).await?;
+        let (admin_listener, admin_addr) = bind(cfg.admin_listen).await?;
+        let front = Arc::new(FrontDoor::new(SpokeBackend(app.clone()), cpu, cfg.limits.front.clone()));
+        let expired = front.expired.clone();
+        tasks.push(tokio::spawn(serve(
+            listener,
+            api_router(front),
+            cfg.limits.serve,
+            shutdown.clone(),
+            expired.clone(),
+        )));
+        tasks.push(tokio::spawn(serve(
+            admin_listener,
+            http::admin_router(app.clone()),
+            cfg.limits.serve,
+            shutdown.clone(),
+            expired,
+        )));
+        Ok(Spoke { addr, admin_addr, app, shutdown, tasks, registry })
     }
 
-    /// Stops the front door, the configuration watcher and every worker task.
+    /// Stops accepting, drains in-flight requests up to the drain deadline (then ends the
+    /// remaining streams with an error event), and stops the configuration watcher and every
+    /// worker task.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
-        self.registry.shutdown().await;
+        // Servers first: in-flight streams still need their workers while draining.
+        let mut rest = Vec::new();
         for t in self.tasks {
+            rest.push(t);
+        }
+        for t in rest {
             let _ = t.await;
         }
+        self.registry.shutdown().await;
     }
 }

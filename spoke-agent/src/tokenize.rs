@@ -7,9 +7,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 use switchyard_crds::TokenizerSource;
+use switchyard_gateway::admission::CpuPool;
 use switchyard_tokenizer::EngineTokenizer;
 
 use crate::topology::TokenizerConfig;
@@ -65,47 +67,66 @@ impl Tokenizer {
         }
     }
 
-    /// Tokens of `body` (an OpenAI request). `render_url` is a worker base URL, used by the
-    /// `Engine` source.
+    /// Tokens of `body` (the OpenAI request the engine will be sent). Local files encode on
+    /// the CPU pool, never on an async thread; the `Engine` source asks `render_url` (a worker
+    /// base URL) and gives up after `render_timeout`.
     pub async fn tokens(
         &self,
         api: Api,
-        body: &Map<String, Value>,
+        body: Arc<Map<String, Value>>,
         client: &reqwest::Client,
         render_url: Option<&str>,
+        cpu: &CpuPool,
+        render_timeout: Duration,
     ) -> Result<Vec<u32>, TokenizeError> {
         match self {
-            Tokenizer::Local(t) => local_tokens(t, api, body),
+            Tokenizer::Local(t) => {
+                let t = t.clone();
+                cpu.run(move || local_tokens(&t, api, &body))
+                    .await
+                    .map_err(|e| TokenizeError::Unavailable(e.message))?
+            }
             Tokenizer::Engine => {
                 let base =
                     render_url.ok_or_else(|| TokenizeError::Unavailable("no healthy worker to render with".into()))?;
-                let path = match api {
-                    Api::Chat => "/v1/chat/completions/render",
-                    Api::Completion => "/v1/completions/render",
-                };
-                let r = client
-                    .post(format!("{base}{path}"))
-                    .json(body)
-                    .send()
+                tokio::time::timeout(render_timeout, render(client, base, api, &body))
                     .await
-                    .map_err(|e| TokenizeError::Unavailable(format!("render: {e}")))?;
-                let status = r.status();
-                let v: Value = r.json().await.map_err(|e| TokenizeError::Unavailable(format!("render: {e}")))?;
-                if status.is_client_error() {
-                    let msg =
-                        v.pointer("/error/message").and_then(Value::as_str).unwrap_or("invalid request").to_owned();
-                    return Err(TokenizeError::BadRequest(msg));
-                }
-                // Chat render answers one object, completions render a list of them.
-                let obj = if v.is_array() { v.get(0).cloned().unwrap_or(Value::Null) } else { v };
-                serde_json::from_value(obj.get("token_ids").cloned().unwrap_or(Value::Null))
-                    .map_err(|_| TokenizeError::Unavailable("render returned no token_ids".into()))
+                    .map_err(|_| TokenizeError::Unavailable(format!("render: no answer within {render_timeout:?}")))?
             }
         }
     }
 }
 
-fn local_tokens(t: &EngineTokenizer, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, TokenizeError> {
+async fn render(
+    client: &reqwest::Client,
+    base: &str,
+    api: Api,
+    body: &Map<String, Value>,
+) -> Result<Vec<u32>, TokenizeError> {
+    let path = match api {
+        Api::Chat => "/v1/chat/completions/render",
+        Api::Completion => "/v1/completions/render",
+    };
+    let r = client
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| TokenizeError::Unavailable(format!("render: {e}")))?;
+    let status = r.status();
+    let v: Value = r.json().await.map_err(|e| TokenizeError::Unavailable(format!("render: {e}")))?;
+    if status.is_client_error() {
+        let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("invalid request").to_owned();
+        return Err(TokenizeError::BadRequest(msg));
+    }
+    // Chat render answers one object, completions render a list of them.
+    let obj = if v.is_array() { v.get(0).cloned().unwrap_or(Value::Null) } else { v };
+    serde_json::from_value(obj.get("token_ids").cloned().unwrap_or(Value::Null))
+        .map_err(|_| TokenizeError::Unavailable("render returned no token_ids".into()))
+}
+
+/// Tokens of `body` from local files (CPU work: call it on the CPU pool).
+pub fn local_tokens(t: &EngineTokenizer, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, TokenizeError> {
     let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
     match api {
         Api::Chat => {
