@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use switchyard_sim::wire::WireFormat;
 use switchyard_sim::{Fleet, KvEventsConfig, SimConfig, profile};
+use switchyard_spoke::cli_args::LimitArgs;
 use switchyard_spoke::http::Limits;
 use switchyard_spoke::{DEFAULT_RELOAD_INTERVAL, Spoke, SpokeConfig};
 use switchyard_tokenizer::find_default_dir;
@@ -28,15 +29,8 @@ pub struct SpokeArgs {
     /// Admin address (status, metrics, decision traces).
     #[arg(long, default_value = switchyard_spoke::DEFAULT_ADMIN_LISTEN)]
     admin_listen: SocketAddr,
-    /// Requests in flight at most; beyond it requests get 503 (OpenAI) / 529 (Anthropic).
-    #[arg(long, default_value_t = 1024)]
-    max_concurrent: usize,
-    /// Largest request body, bytes.
-    #[arg(long, default_value_t = 32 * 1024 * 1024)]
-    max_body_bytes: usize,
-    /// Seconds in-flight streams may run after SIGTERM before they are ended.
-    #[arg(long, default_value_t = 30)]
-    drain_seconds: u64,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Write the bound addresses as JSON to this file once listening.
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
@@ -69,10 +63,7 @@ pub struct UpArgs {
 pub fn run_spoke(args: &SpokeArgs) -> anyhow::Result<Exit> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async {
-        let mut limits = Limits::default();
-        limits.front.max_concurrent = args.max_concurrent;
-        limits.front.max_body_bytes = args.max_body_bytes;
-        limits.serve.drain = std::time::Duration::from_secs(args.drain_seconds);
+        let limits = args.limits.limits();
         let spoke = Spoke::start(SpokeConfig {
             listen: args.listen,
             admin_listen: args.admin_listen,

@@ -5,6 +5,16 @@
 //! of any field. Plain scalars follow the YAML 1.2 core schema (what `kubectl` accepts for
 //! these types). Duplicate keys are errors, as in the API server's strict decoding. A syntax
 //! error ends the file, but documents before it are kept.
+//!
+//! Aliases are expanded by copying the anchored value, so a small file can describe an
+//! exponentially large tree ("billion laughs": each anchor aliases the previous one ten
+//! times). Invariant: the nodes and scalar bytes the builder copies in one file — alias
+//! expansions, and the copy of each anchored value kept for later aliases — never exceed
+//! [`MAX_ALIAS_EXPANSION_NODES`] and [`MAX_ALIAS_EXPANSION_BYTES`]. Every value carries its
+//! size as it is built, so the check happens *before* anything is copied and costs O(1). The
+//! alias that would cross a limit is an error at its position, and its document is dropped (a
+//! partially expanded document would only produce misleading follow-on errors). An anchored
+//! value too large to keep is not kept; only an alias to it is an error.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +23,15 @@ use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 use crate::diagnostics::Pos;
+
+/// Most nodes (mapping keys, values, sequence items) that alias expansion may produce in one
+/// file. Real configurations alias a few small blocks (shared limits, label sets) a few times,
+/// i.e. hundreds of nodes; this leaves two orders of magnitude of headroom while keeping the
+/// worst case a few milliseconds of copying.
+pub const MAX_ALIAS_EXPANSION_NODES: u64 = 100_000;
+/// Most bytes of keys and scalars that alias expansion may produce in one file. Bounds the
+/// other way to amplify: one huge scalar aliased many times.
+pub const MAX_ALIAS_EXPANSION_BYTES: u64 = 16 << 20;
 
 /// One parsed YAML document.
 #[derive(Debug, Clone)]
@@ -89,14 +108,37 @@ pub fn parse(text: &str) -> (Vec<Document>, Vec<YamlError>) {
     (builder.docs, builder.errors)
 }
 
+/// Size of a value as alias expansion counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Weight {
+    nodes: u64,
+    bytes: u64,
+}
+
+impl Weight {
+    /// One node without text: a collection, or the null standing in for a rejected alias.
+    const NODE: Weight = Weight { nodes: 1, bytes: 0 };
+
+    fn scalar(text: &str) -> Self {
+        Weight { nodes: 1, bytes: text.len() as u64 }
+    }
+
+    fn add(&mut self, other: Weight) {
+        // Saturating: sizes are bounded by the limits plus the text, but never wrap.
+        self.nodes = self.nodes.saturating_add(other.nodes);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+}
+
 fn to_pos(m: &Marker) -> Pos {
     // yaml-rust2 markers: line from 1, column from 0.
     Pos { line: m.line().max(1) as u32, col: m.col() as u32 + 1 }
 }
 
+/// An open collection; `weight` counts the collection node and everything attached so far.
 enum Frame {
-    Map { map: Map<String, Value>, path: String, anchor: usize, pending_key: Option<String> },
-    Seq { items: Vec<Value>, path: String, anchor: usize },
+    Map { map: Map<String, Value>, path: String, anchor: usize, pending_key: Option<String>, weight: Weight },
+    Seq { items: Vec<Value>, path: String, anchor: usize, weight: Weight },
 }
 
 /// Open collections wait for their first scalar to learn where they start: the parser's
@@ -113,7 +155,12 @@ struct Builder {
     stack: Vec<Frame>,
     unplaced: Vec<Unplaced>,
     root: Option<Value>,
-    anchors: BTreeMap<usize, Value>,
+    /// Anchored values, or the limit keeping a copy would have crossed.
+    anchors: BTreeMap<usize, Result<(Value, Weight), String>>,
+    /// What the builder has copied so far in this file (all documents).
+    copied: Weight,
+    /// The current document hit an expansion limit and will be dropped.
+    doc_over_limit: bool,
     key_pos: BTreeMap<String, Pos>,
     value_pos: BTreeMap<String, Pos>,
     doc_start: Option<Pos>,
@@ -142,22 +189,80 @@ impl Builder {
         }
     }
 
-    fn attach(&mut self, value: Value) {
+    fn attach(&mut self, value: Value, weight: Weight) {
         match self.stack.last_mut() {
             None => self.root = Some(value),
-            Some(Frame::Map { map, pending_key, .. }) => {
+            Some(Frame::Map { map, pending_key, weight: w, .. }) => {
                 if let Some(k) = pending_key.take() {
+                    w.add(weight);
                     map.insert(k, value);
                 }
             }
-            Some(Frame::Seq { items, .. }) => items.push(value),
+            Some(Frame::Seq { items, weight: w, .. }) => {
+                w.add(weight);
+                items.push(value);
+            }
+        }
+    }
+
+    /// Charges a copy of `weight` to the file's budget; the limit it would cross, if any.
+    fn charge(&mut self, weight: Weight) -> Result<(), String> {
+        let mut total = self.copied;
+        total.add(weight);
+        if total.nodes > MAX_ALIAS_EXPANSION_NODES {
+            return Err(format!("alias expansion exceeds {MAX_ALIAS_EXPANSION_NODES} nodes"));
+        }
+        if total.bytes > MAX_ALIAS_EXPANSION_BYTES {
+            return Err(format!("alias expansion exceeds {MAX_ALIAS_EXPANSION_BYTES} bytes"));
+        }
+        self.copied = total;
+        Ok(())
+    }
+
+    /// Keeps a copy of an anchored value for later aliases, if the budget allows.
+    fn register_anchor(&mut self, anchor: usize, value: &Value, weight: Weight) {
+        // Without this charge, nested anchors (`&a [&b [&c [...]]]`) would copy the same
+        // subtree once per level.
+        let kept = self.charge(weight).map(|()| (value.clone(), weight));
+        self.anchors.insert(anchor, kept);
+    }
+
+    /// The value an alias stands for, if copying it stays within the budget.
+    fn expand_alias(&mut self, id: usize, pos: Pos) -> (Value, Weight) {
+        let charged = match self.anchors.get(&id) {
+            None => {
+                self.errors.push(YamlError { pos, message: "alias to an unknown anchor".to_owned() });
+                return (Value::Null, Weight::NODE);
+            }
+            // Already reported for this document, which will be dropped: copy nothing more.
+            Some(_) if self.doc_over_limit => return (Value::Null, Weight::NODE),
+            // Not kept: its copy alone crossed a limit, so any alias to it does too.
+            Some(Err(message)) => Err(message.clone()),
+            Some(Ok((_, weight))) => {
+                let weight = *weight;
+                self.charge(weight).map(|()| weight)
+            }
+        };
+        match charged {
+            Ok(weight) => {
+                let value = match self.anchors.get(&id) {
+                    Some(Ok((value, _))) => value.clone(),
+                    _ => Value::Null,
+                };
+                (value, weight)
+            }
+            Err(message) => {
+                self.doc_over_limit = true;
+                self.errors.push(YamlError { pos, message });
+                (Value::Null, Weight::NODE)
+            }
         }
     }
 
     fn finish_document(&mut self) {
         self.stack.clear();
         self.unplaced.clear();
-        if let Some(value) = self.root.take() {
+        if let Some(value) = self.root.take().filter(|_| !self.doc_over_limit) {
             let start = self.doc_start.unwrap_or(Pos { line: 1, col: 1 });
             self.docs.push(Document {
                 index: self.doc_index,
@@ -170,6 +275,7 @@ impl Builder {
         self.key_pos.clear();
         self.value_pos.clear();
         self.anchors.clear();
+        self.doc_over_limit = false;
         self.doc_start = None;
         self.doc_index += 1;
     }
@@ -178,8 +284,10 @@ impl Builder {
         self.place(pos);
         let as_key = matches!(self.stack.last(), Some(Frame::Map { pending_key: None, .. }));
         if as_key {
-            let path = match self.stack.last() {
-                Some(Frame::Map { path, map, .. }) => {
+            let path = match self.stack.last_mut() {
+                Some(Frame::Map { path, map, weight, .. }) => {
+                    // The key is a node of the mapping too.
+                    weight.add(Weight::scalar(&text));
                     if map.contains_key(&text) {
                         self.errors.push(YamlError { pos, message: format!("duplicate key `{text}`") });
                     }
@@ -193,14 +301,15 @@ impl Builder {
             }
             return;
         }
+        let weight = Weight::scalar(&text);
         let value = resolve_scalar(text, style, tag.as_ref());
         if let Some(path) = self.next_child_path() {
             self.value_pos.insert(path, pos);
         }
         if anchor > 0 {
-            self.anchors.insert(anchor, value.clone());
+            self.register_anchor(anchor, &value, weight);
         }
-        self.attach(value);
+        self.attach(value, weight);
     }
 
     fn open(&mut self, is_map: bool, anchor: usize, pos: Pos) {
@@ -210,25 +319,25 @@ impl Builder {
             // Still track the structure so the parser's later events stay balanced.
             let path = "<complex-key>".to_owned();
             self.stack.push(if is_map {
-                Frame::Map { map: Map::new(), path, anchor: 0, pending_key: None }
+                Frame::Map { map: Map::new(), path, anchor: 0, pending_key: None, weight: Weight::NODE }
             } else {
-                Frame::Seq { items: Vec::new(), path, anchor: 0 }
+                Frame::Seq { items: Vec::new(), path, anchor: 0, weight: Weight::NODE }
             });
             return;
         };
         self.unplaced.push(Unplaced { path: path.clone(), fallback: pos });
         self.stack.push(if is_map {
-            Frame::Map { map: Map::new(), path, anchor, pending_key: None }
+            Frame::Map { map: Map::new(), path, anchor, pending_key: None, weight: Weight::NODE }
         } else {
-            Frame::Seq { items: Vec::new(), path, anchor }
+            Frame::Seq { items: Vec::new(), path, anchor, weight: Weight::NODE }
         });
     }
 
     fn close(&mut self) {
         let Some(frame) = self.stack.pop() else { return };
-        let (value, anchor, path) = match frame {
-            Frame::Map { map, anchor, path, .. } => (Value::Object(map), anchor, path),
-            Frame::Seq { items, anchor, path } => (Value::Array(items), anchor, path),
+        let (value, anchor, path, weight) = match frame {
+            Frame::Map { map, anchor, path, weight, .. } => (Value::Object(map), anchor, path, weight),
+            Frame::Seq { items, anchor, path, weight } => (Value::Array(items), anchor, path, weight),
         };
         if path == "<complex-key>" {
             // The key is dropped; the value that follows becomes the pending entry's value
@@ -244,9 +353,9 @@ impl Builder {
             self.value_pos.insert(u.path, u.fallback);
         }
         if anchor > 0 {
-            self.anchors.insert(anchor, value.clone());
+            self.register_anchor(anchor, &value, weight);
         }
-        self.attach(value);
+        self.attach(value, weight);
     }
 }
 
@@ -269,21 +378,15 @@ impl MarkedEventReceiver for Builder {
             Event::MappingEnd | Event::SequenceEnd => self.close(),
             Event::Alias(id) => {
                 self.place(pos);
-                let value = match self.anchors.get(&id) {
-                    Some(v) => v.clone(),
-                    None => {
-                        self.errors.push(YamlError { pos, message: "alias to an unknown anchor".to_owned() });
-                        Value::Null
-                    }
-                };
                 if matches!(self.stack.last(), Some(Frame::Map { pending_key: None, .. })) {
                     self.errors.push(YamlError { pos, message: "aliases cannot be used as mapping keys".to_owned() });
                     return;
                 }
+                let (value, weight) = self.expand_alias(id, pos);
                 if let Some(path) = self.next_child_path() {
                     self.value_pos.insert(path, pos);
                 }
-                self.attach(value);
+                self.attach(value, weight);
             }
             Event::StreamStart | Event::StreamEnd | Event::Nothing => {}
         }
@@ -382,5 +485,108 @@ mod tests {
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].pos.line, 3);
         assert_eq!(docs[0].value["b"]["k"], 1);
+    }
+
+    /// Nine levels of "each anchor aliases the previous one ten times": 10^9 nodes if expanded.
+    fn billion_laughs() -> String {
+        let mut text = format!("a: &a [{}]\n", ["lol"; 10].join(", "));
+        for (prev, name) in ('a'..='h').zip('b'..='i') {
+            let items = vec![format!("*{prev}"); 10].join(", ");
+            text.push_str(&format!("{name}: &{name} [{items}]\n"));
+        }
+        text
+    }
+
+    #[test]
+    fn billion_laughs_is_rejected_at_the_alias_that_crosses_the_limit() {
+        let text = billion_laughs();
+        let started = std::time::Instant::now();
+        let (docs, errs) = parse(&text);
+        // Unbounded, this allocates 10^9 values; bounded, it copies at most the limit.
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
+        assert_eq!(errs.len(), 1, "one error, not one per later alias: {errs:?}");
+        assert_eq!(errs[0].message, format!("alias expansion exceeds {MAX_ALIAS_EXPANSION_NODES} nodes"));
+        // Copied so far: the kept anchors a, b, c, d (11 + 111 + 1 111 + 11 111) and the
+        // aliases in b, c, d (110 + 1 110 + 11 110) = 24 574 nodes. Each `*d` in `e` adds
+        // 11 111: six fit (91 240), the 7th (102 351 > 100 000) crosses the limit.
+        assert_eq!(MAX_ALIAS_EXPANSION_NODES, 100_000, "the arithmetic above assumes this limit");
+        let line_e = text.lines().nth(4).expect("line 5");
+        assert!(line_e.starts_with("e: "), "{line_e}");
+        let seventh = line_e.match_indices("*d").nth(6).expect("7th alias").0;
+        assert_eq!(errs[0].pos, Pos { line: 5, col: seventh as u32 + 1 });
+        assert!(docs.is_empty(), "the partially expanded document is dropped: {docs:?}");
+    }
+
+    #[test]
+    fn one_huge_scalar_aliased_many_times_is_rejected_by_bytes() {
+        let big = "x".repeat(1 << 20);
+        let items = vec!["*s"; 16].join(", ");
+        let text = format!("s: &s {big}\nl: [{items}]\n");
+        let (docs, errs) = parse(&text);
+        assert_eq!(errs.len(), 1, "{:?}", errs.iter().map(|e| &e.message).collect::<Vec<_>>());
+        assert_eq!(errs[0].message, format!("alias expansion exceeds {MAX_ALIAS_EXPANSION_BYTES} bytes"));
+        // The anchor's copy and 15 aliases make 16 MiB, exactly the limit; the 16th alias does not fit.
+        let line2 = text.lines().nth(1).expect("line 2");
+        let last = line2.match_indices("*s").nth(15).expect("16th alias").0;
+        assert_eq!(errs[0].pos, Pos { line: 2, col: last as u32 + 1 });
+        assert!(docs.is_empty());
+    }
+
+    #[test]
+    fn the_budget_is_per_file_and_later_documents_still_load() {
+        // A bomb in the first document must not reset the budget for the next one, or a file
+        // of many bombs would expand without bound; an alias-free document still loads.
+        let text = format!("{}---\nplain: 1\n---\nx: &x [1, 2]\ny: *x\n", billion_laughs());
+        let (docs, errs) = parse(&text);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(docs.len(), 2);
+        assert_eq!((docs[0].index, &docs[0].value), (1, &serde_json::json!({"plain": 1})));
+        // 91 240 nodes were copied before the rejected alias; 6 more still fit.
+        assert_eq!(docs[1].value, serde_json::json!({"x": [1, 2], "y": [1, 2]}));
+    }
+
+    #[test]
+    fn ordinary_aliases_expand_with_positions() {
+        let text = "base: &base\n  cpu: 2\n  tags: [a, b]\nx: *base\ny:\n  - *base\n  - &n 3\n  - *n\n";
+        let (docs, errs) = parse(text);
+        assert!(errs.is_empty(), "{errs:?}");
+        let d = &docs[0];
+        assert_eq!(d.value["x"], serde_json::json!({"cpu": 2, "tags": ["a", "b"]}));
+        assert_eq!(d.value["y"], serde_json::json!([{"cpu": 2, "tags": ["a", "b"]}, 3, 3]));
+        assert_eq!(d.value_pos_of("x"), Pos { line: 4, col: 4 });
+        assert_eq!(d.value_pos_of("y[2]"), Pos { line: 8, col: 5 });
+    }
+
+    #[test]
+    fn expansion_just_under_the_limit_is_accepted() {
+        // The anchor's copy (10 nodes) and 9 999 aliases of it: 100 000 nodes, the limit.
+        let items = vec!["*a"; 9_999].join(", ");
+        let text = format!("a: &a [0, 1, 2, 3, 4, 5, 6, 7, 8]\nb: [{items}]\n");
+        let (docs, errs) = parse(&text);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(docs[0].value["b"].as_array().map(Vec::len), Some(9_999));
+        let (_, errs) = parse(&format!("{text}c: [*a, *a]\n"));
+        assert_eq!(errs.len(), 1, "one more alias crosses it: {errs:?}");
+        assert_eq!(errs[0].pos.col, 5, "the first alias of line 3");
+        assert_eq!(errs[0].pos.line, 3);
+    }
+
+    #[test]
+    fn nested_anchors_are_charged_for_their_copies() {
+        // Each of the 200 nested anchors keeps a copy of everything inside it: ~200 · 1 100
+        // nodes if all were kept. Only the inner ones fit the budget; not keeping the outer
+        // ones is harmless until an alias needs one.
+        let inner = vec!["0"; 1000].join(", ");
+        let open: String = (0..200).map(|i| format!("&a{i} [")).collect();
+        let close = "]".repeat(200);
+        let text = format!("x: {open}{inner}{close}\n");
+        let (docs, errs) = parse(&text);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(docs[0].value.pointer(&format!("/x{}/999", "/0".repeat(199))), Some(&serde_json::json!(0)));
+        let (docs, errs) = parse(&format!("{text}z: *a0\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].pos, Pos { line: 2, col: 4 });
+        assert_eq!(errs[0].message, "alias expansion exceeds 100000 nodes");
+        assert!(docs.is_empty());
     }
 }

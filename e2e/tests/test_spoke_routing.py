@@ -132,7 +132,9 @@ def test_openai_sdk_through_the_spoke(start_sim, start_spoke):
     assert chunks[-1].usage.completion_tokens == 5
     comp = c.completions.create(model="sim-model", prompt="hello", max_tokens=3)
     assert comp.usage.completion_tokens == 3
-    assert len([ch for ch in c.completions.create(model="sim-model", prompt="hello", max_tokens=3, stream=True) if ch.choices]) == 3
+    streamed = list(c.completions.create(model="sim-model", prompt="hello", max_tokens=3, stream=True))
+    assert len([ch for ch in streamed if ch.choices and ch.choices[0].text]) == 3
+    assert [ch.choices[0].finish_reason for ch in streamed if ch.choices[0].finish_reason] == ["length"]
     # Errors are OpenAI-shaped.
     try:
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

@@ -1,10 +1,27 @@
 //! Fault knobs for reliability tests, set at run time through `POST /sim/faults`.
 //!
 //! Every knob is a counter or factor read by the component it affects, so a test can arm
-//! exactly N failures and observe them. Nothing here is active unless armed.
+//! exactly N failures and observe them. Nothing here is active unless armed; `GET /sim/faults`
+//! shows what is still armed.
+//!
+//! | knob | effect |
+//! |---|---|
+//! | `dropEventBatches: N` | the next N KV-event batches are not sent on PUB (still replayable) |
+//! | `loseEventBatches: N` | the next N batches are neither sent nor replayable (a gap) |
+//! | `duplicateEventBatches: N` | the next N batches are sent twice (same sequence number) |
+//! | `restartEventStream: true` | engine restart for event consumers (cache cleared, seq 0) |
+//! | `slowdown: f` | every step takes f × its modelled time |
+//! | `failRequests: N` | the next N generation requests get HTTP 500 (vLLM's error body) |
+//! | `cutStreams: {count, afterTokens}` | the next `count` *streamed* generations send the chunks of their first `afterTokens` tokens (for chat, after the role chunk), and when the next token is due the connection is aborted: no finish chunk, no usage chunk, no `data: [DONE]`, and the chunked body never gets its terminating chunk, so the client sees a truncated body (a stream with at most `afterTokens` tokens ends normally; non-streamed requests are not affected) |
+//! | `stallAfterHeaders: N` | the next N generation requests (streamed or not) get `200` with their usual headers (`text/event-stream` or `application/json`) and then nothing: the body stays open and empty until the client goes away or the simulator shuts down, and the request never reaches the engine |
+//!
+//! Order for one generation request, after validation: `failRequests`, then
+//! `stallAfterHeaders`, then `cutStreams` (streams only). A stalled body ends (connection
+//! aborted) when the simulator shuts down, so no task outlives [`crate::Fleet::shutdown`];
+//! `GET /sim/state` reports how many stalled bodies are open (`stalledRequests`).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +34,8 @@ pub struct Faults {
     slowdown_bits: AtomicU64,
     fail_requests: AtomicU32,
     cut_streams: Mutex<(u32, u32)>,
+    stall_after_headers: AtomicU32,
+    stalled_open: Arc<AtomicU32>,
 }
 
 /// `POST /sim/faults` body; absent fields leave a knob unchanged.
@@ -47,6 +66,9 @@ pub struct FaultRequest {
     /// Cut the next `count` streams after `after_tokens` tokens without a final event.
     #[serde(default)]
     pub cut_streams: Option<CutStreams>,
+    /// Answer the next N generation requests with `200` and headers, then send nothing.
+    #[serde(default)]
+    pub stall_after_headers: Option<u32>,
 }
 
 /// Parameters of a stream cut.
@@ -86,6 +108,9 @@ impl Faults {
         {
             *g = (c.count, c.after_tokens);
         }
+        if let Some(n) = r.stall_after_headers {
+            self.stall_after_headers.store(n, Ordering::SeqCst);
+        }
     }
 
     /// Current knob values.
@@ -99,6 +124,7 @@ impl Faults {
             slowdown: Some(self.slowdown()),
             fail_requests: Some(self.fail_requests.load(Ordering::SeqCst)),
             cut_streams: Some(CutStreams { count: cut.0, after_tokens: cut.1 }),
+            stall_after_headers: Some(self.stall_after_headers.load(Ordering::SeqCst)),
         }
     }
 
@@ -136,5 +162,31 @@ impl Faults {
         }
         g.0 -= 1;
         Some(g.1)
+    }
+}
+
+/// Held by a stalled response body for as long as it is open.
+#[derive(Debug)]
+pub struct StallGuard(Arc<AtomicU32>);
+
+impl Drop for StallGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Faults {
+    /// Consumes one armed stall, returning the guard the stalled body holds.
+    pub fn take_stall(&self) -> Option<StallGuard> {
+        if !take(&self.stall_after_headers) {
+            return None;
+        }
+        self.stalled_open.fetch_add(1, Ordering::SeqCst);
+        Some(StallGuard(self.stalled_open.clone()))
+    }
+
+    /// Stalled response bodies still open.
+    pub fn stalled_open(&self) -> u32 {
+        self.stalled_open.load(Ordering::SeqCst)
     }
 }

@@ -209,6 +209,7 @@ impl Fleet {
                 worker_index: i,
                 seed: cfg.seed ^ u64::from(i),
                 next_id: AtomicU64::new(0),
+                shutdown: shutdown.clone(),
             });
             let port = if cfg.port == 0 {
                 0

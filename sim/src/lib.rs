@@ -7,7 +7,9 @@
 //! paged prefix cache with LRU eviction ([`kv_cache`]), continuous batching with chunked
 //! prefill and preemption, and a step-time model calibrated per [`profile`]. Time runs at
 //! `--time-scale` × real time. Simulator-only endpoints expose ground truth for benchmark
-//! oracles and arm faults for reliability tests ([`faults`]).
+//! oracles and arm faults for reliability tests ([`faults`]). Chat requests that force a tool
+//! call get tool calls shaped and counted as vLLM's structured-output path produces them
+//! ([`tools`]).
 
 pub mod calibrate;
 pub mod engine;
@@ -19,6 +21,7 @@ pub mod profile;
 pub mod publisher;
 pub mod runtime;
 pub mod server;
+pub mod tools;
 pub mod wire;
 
 pub use fleet::{Fleet, KvEventsConfig, SimConfig, WorkerInfo};

@@ -46,9 +46,20 @@ pub struct OracleAnswer {
 }
 
 enum Command {
-    Add { prompt: Vec<u32>, max_tokens: u32, out: mpsc::UnboundedSender<Emitted>, natural_stop: bool },
-    Oracle { tokens: Vec<u32>, reply: oneshot::Sender<OracleAnswer> },
-    State { reply: oneshot::Sender<(EngineStats, EngineCounters)> },
+    Add {
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        out: mpsc::UnboundedSender<Emitted>,
+        natural_stop: bool,
+        forced: Option<Arc<[u32]>>,
+    },
+    Oracle {
+        tokens: Vec<u32>,
+        reply: oneshot::Sender<OracleAnswer>,
+    },
+    State {
+        reply: oneshot::Sender<(EngineStats, EngineCounters)>,
+    },
     RestartEvents,
 }
 
@@ -72,8 +83,21 @@ impl WorkerHandle {
         max_tokens: u32,
         natural_stop: bool,
     ) -> Result<mpsc::UnboundedReceiver<Emitted>, EngineStopped> {
+        self.submit_with_output(prompt, max_tokens, natural_stop, None)
+    }
+
+    /// Submits a request whose output tokens are fixed in advance (constrained decoding, see
+    /// [`Engine::add_request_with_output`]); `natural_stop` tells the metrics whether the
+    /// output ends before `max_tokens`.
+    pub fn submit_with_output(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        natural_stop: bool,
+        forced: Option<Arc<[u32]>>,
+    ) -> Result<mpsc::UnboundedReceiver<Emitted>, EngineStopped> {
         let (out, rx) = mpsc::unbounded_channel();
-        self.tx.send(Command::Add { prompt, max_tokens, out, natural_stop }).map_err(|_| EngineStopped)?;
+        self.tx.send(Command::Add { prompt, max_tokens, out, natural_stop, forced }).map_err(|_| EngineStopped)?;
         Ok(rx)
     }
 
@@ -222,8 +246,8 @@ fn handle(
     step_ends_at: Instant,
 ) {
     match cmd {
-        Command::Add { prompt, max_tokens, out, natural_stop } => {
-            let id = engine.add_request(prompt, max_tokens);
+        Command::Add { prompt, max_tokens, out, natural_stop, forced } => {
+            let id = engine.add_request_with_output(prompt, max_tokens, forced);
             live.insert(id, Live { out, arrived: Instant::now(), last_token: None, natural_stop });
         }
         Command::Oracle { tokens, reply } => {

@@ -6,8 +6,23 @@
 //! simulator-only `POST /sim/oracle`, `GET /sim/state`, `POST /sim/faults`.
 //!
 //! Errors use vLLM's body `{"error": {"message", "type", "param", "code"}}`: 400 for malformed
-//! JSON, invalid parameters or a context-length overflow, 404 for an unknown model, 500 for an
-//! injected failure. Prompt text is never logged.
+//! JSON, invalid parameters (malformed `tools`, a `tool_choice` naming an unknown function, …)
+//! or a context-length overflow, 404 for an unknown model, 500 for an injected failure. Prompt
+//! text is never logged.
+//!
+//! Chat requests with `tool_choice` `"required"` or a named function answer with tool calls
+//! the way vLLM does under structured outputs ([`crate::tools`]):
+//!
+//! - non-streamed: `message = {"role": "assistant", "content": "", "reasoning_content": null,
+//!   "tool_calls": [{"id": "chatcmpl-tool-<32 hex>", "type": "function", "function": {"name",
+//!   "arguments"}}]}`;
+//! - streamed: the role chunk `{"role": "assistant", "content": ""}`, then `delta.tool_calls`
+//!   deltas (no `content` key): the first with `index`, `id`, `type`, `function.name` and the
+//!   first `function.arguments` text, the rest with `index` and `function.arguments` fragments (for `"required"` also
+//!   `function.name: null`, and no chunk for the array's own brackets), then the finish chunk;
+//! - `finish_reason`: `"tool_calls"` for `"required"`, `"stop"` for a named function (vLLM
+//!   follows OpenAI here), `"length"` for either when `max_tokens` cut the JSON short (a cut
+//!   `"required"` call parses to no calls, as vLLM's does).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +42,9 @@ use crate::engine::mix;
 use crate::faults::{FaultRequest, Faults};
 use crate::metrics::Metrics;
 use crate::runtime::{Emitted, WorkerHandle};
+use crate::tools::{self, ForcedCall, ToolStream};
 use switchyard_tokenizer::{EngineTokenizer, TokenizerError};
+use tokio_util::sync::CancellationToken;
 
 /// Shared state of one worker's HTTP server.
 pub struct AppState {
@@ -55,6 +72,8 @@ pub struct AppState {
     pub seed: u64,
     /// Response id counter.
     pub next_id: AtomicU64,
+    /// Fires when the fleet stops (ends stalled response bodies).
+    pub shutdown: CancellationToken,
 }
 
 /// An error response in vLLM's shape.
@@ -183,11 +202,14 @@ fn chat_tokens(state: &AppState, body: &Map<String, Value>, default_add_special:
         Some(_) => return Err(ApiError::bad_request("`chat_template_kwargs` must be an object")),
     };
     let add_special = get_bool(body, "add_special_tokens", default_add_special)?;
+    tools::validate_tools(body).map_err(ApiError::bad_request)?;
+    let conversation = tools::conversation(messages).map_err(ApiError::bad_request)?;
+    let tools = tools::template_tools(body.get("tools").filter(|t| !t.is_null()));
     Ok(state.tokenizer.encode_chat(
-        messages,
+        &conversation,
         add_generation_prompt,
         continue_final,
-        body.get("tools"),
+        tools.as_ref(),
         kwargs,
         add_special,
     )?)
@@ -253,9 +275,12 @@ struct Generation {
     id: String,
     created: u64,
     prompt_len: u32,
+    /// The output ends on its own (no `max_tokens` cut): finish reason `stop` (or `tool_calls`).
     natural_stop: bool,
     include_usage: bool,
     continuous_usage: bool,
+    /// A forced tool call and its id.
+    tool: Option<(ForcedCall, String)>,
 }
 
 impl Generation {
@@ -271,8 +296,10 @@ impl Generation {
     }
 
     fn finish_reason(&self, finished: bool) -> Value {
+        let required = self.tool.as_ref().is_some_and(|(c, _)| c.required);
         match (finished, self.natural_stop) {
             (false, _) => Value::Null,
+            (true, true) if required => json!("tool_calls"),
             (true, true) => json!("stop"),
             (true, false) => json!("length"),
         }
@@ -292,7 +319,29 @@ impl Generation {
     }
 }
 
-async fn generate(state: Shared, body: Map<String, Value>, prompt: Vec<u32>, api: Api) -> Result<Response, ApiError> {
+/// Output tokens and budget of a forced tool call: the JSON text's tokens and the
+/// end-of-sequence token, cut at `max_tokens` (or at the context when it is absent).
+fn forced_output(
+    state: &AppState,
+    call: &ForcedCall,
+    requested: bool,
+    max_tokens: u32,
+    prompt_len: usize,
+) -> Result<(Arc<[u32]>, u32, bool), ApiError> {
+    let mut ids = state.tokenizer.encode_prompt(&call.output, false)?;
+    ids.extend(state.tokenizer.eos_token_id());
+    let cap = if requested { max_tokens } else { (state.max_model_len as usize - prompt_len) as u32 };
+    let natural = ids.len() <= cap as usize;
+    Ok((ids.into(), cap, natural))
+}
+
+async fn generate(
+    state: Shared,
+    body: Map<String, Value>,
+    prompt: Vec<u32>,
+    api: Api,
+    tool_request: Option<tools::ToolRequest>,
+) -> Result<Response, ApiError> {
     check_n(&body)?;
     let (max_tokens, natural_stop) = output_budget(&state, &body, prompt.len())?;
     if state.faults.take_fail_request() {
@@ -303,12 +352,33 @@ async fn generate(state: Shared, body: Map<String, Value>, prompt: Vec<u32>, api
         });
     }
     let stream = get_bool(&body, "stream", false)?;
+    if let Some(guard) = state.faults.take_stall() {
+        return Ok(stalled_response(&state, stream, guard));
+    }
     let opts = body.get("stream_options");
     let include_usage = opts.and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
     let continuous_usage = opts.and_then(|o| o.get("continuous_usage_stats")).and_then(Value::as_bool).unwrap_or(false);
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
     let id = format!("{prefix}-{:016x}{:016x}", mix(state.seed ^ n), mix(n.wrapping_add(0x51ed)));
+    let forced = tool_request.as_ref().and_then(|req| {
+        let messages = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let vocab = state.tokenizer.output_vocab();
+        let word = |k: u64| match vocab.len() {
+            0 => "word".to_owned(),
+            len => state.tokenizer.token_text(vocab[(k % len as u64) as usize]).trim().to_owned(),
+        };
+        let seed = prompt.iter().fold(state.seed ^ 0x7001_5eed, |h, &t| mix(h ^ u64::from(t)));
+        tools::forced_call(req, messages, seed, &word)
+    });
+    let (output, max_tokens, natural_stop, tool) = match forced {
+        None => (None, max_tokens, natural_stop, None),
+        Some(call) => {
+            let (ids, cap, natural) = forced_output(&state, &call, !natural_stop, max_tokens, prompt.len())?;
+            let call_id = format!("chatcmpl-tool-{:016x}{:016x}", mix(state.seed ^ n ^ 0x700c), mix(n ^ 0xca11));
+            (Some(ids), cap, natural, Some((call, call_id)))
+        }
+    };
     let generation = Generation {
         api,
         id,
@@ -317,13 +387,32 @@ async fn generate(state: Shared, body: Map<String, Value>, prompt: Vec<u32>, api
         natural_stop,
         include_usage,
         continuous_usage,
+        tool,
     };
-    let rx = state.worker.submit(prompt, max_tokens, natural_stop).map_err(|e| ApiError {
+    let rx = state.worker.submit_with_output(prompt, max_tokens, natural_stop, output).map_err(|e| ApiError {
         status: StatusCode::SERVICE_UNAVAILABLE,
         message: e.to_string(),
         param: None,
     })?;
     if stream { Ok(stream_response(state, generation, rx)) } else { collect_response(state, generation, rx).await }
+}
+
+/// `200` with the usual headers, then a body that sends nothing until the client goes away
+/// (hyper drops the body) or the simulator shuts down (the connection is aborted).
+fn stalled_response(state: &AppState, stream: bool, guard: crate::faults::StallGuard) -> Response {
+    let shutdown = state.shutdown.clone();
+    let body = futures::stream::once(async move {
+        let _open = guard;
+        shutdown.cancelled().await;
+        Err::<Bytes, _>(std::io::Error::other("simulator shut down"))
+    });
+    let mut resp = Response::new(Body::from_stream(body));
+    let content_type = if stream { "text/event-stream; charset=utf-8" } else { "application/json" };
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if stream {
+        resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    resp
 }
 
 async fn collect_response(
@@ -351,10 +440,28 @@ async fn collect_response(
     }
     let text = state.tokenizer.decode(&tokens, true)?;
     let usage = generation.usage(&state, tokens.len() as u32, cached);
+    let message = match &generation.tool {
+        None => json!({"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []}),
+        Some((call, call_id)) => {
+            // vLLM parses the generated text: a named call's arguments are the text itself; a
+            // "required" array that does not parse (cut by max_tokens) yields no calls.
+            let arguments = match (call.required, generation.natural_stop) {
+                (false, _) if text.trim().is_empty() => None,
+                (false, _) => Some(text.clone()),
+                (true, true) => Some(call.arguments.clone()),
+                (true, false) => None,
+            };
+            let calls: Vec<Value> = arguments
+                .map(|a| json!({"id": call_id, "type": "function", "function": {"name": call.name, "arguments": a}}))
+                .into_iter()
+                .collect();
+            json!({"role": "assistant", "content": "", "reasoning_content": null, "tool_calls": calls})
+        }
+    };
     let body = match generation.api {
         Api::Chat => json!({
             "id": generation.id, "object": "chat.completion", "created": generation.created, "model": state.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []},
+            "choices": [{"index": 0, "message": message,
                          "logprobs": null, "finish_reason": generation.finish_reason(true), "stop_reason": null}],
             "usage": usage, "prompt_logprobs": null,
         }),
@@ -367,12 +474,34 @@ async fn collect_response(
     Ok(axum::Json(body).into_response())
 }
 
+/// Text of a forced call's tokens as they arrive, decoded incrementally so a character split
+/// across tokens is held back until it is whole (as vLLM's detokenizer does).
+struct IncrementalText {
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl IncrementalText {
+    fn push(&mut self, tokenizer: &EngineTokenizer, token: u32, last: bool) -> String {
+        self.ids.push(token);
+        let text = tokenizer.decode(&self.ids, true).unwrap_or_default();
+        if !last && text.ends_with('\u{fffd}') {
+            return String::new();
+        }
+        let delta = text.get(self.emitted..).unwrap_or_default().to_owned();
+        self.emitted = text.len().max(self.emitted);
+        delta
+    }
+}
+
 fn stream_response(
     state: Shared,
     generation: Generation,
     rx: tokio::sync::mpsc::UnboundedReceiver<Emitted>,
 ) -> Response {
     let cut_after = state.faults.take_cut();
+    let mut tool_stream = generation.tool.as_ref().map(|(call, id)| ToolStream::new(call, id.clone()));
+    let mut decoded = IncrementalText { ids: Vec::new(), emitted: 0 };
     let generation = Arc::new(generation);
     let model = state.model.clone();
     let mut count: u32 = 0;
@@ -390,17 +519,28 @@ fn stream_response(
                 }
                 return futures::stream::iter(frames);
             }
-            let text = state.tokenizer.token_text(token);
             let usage = generation.continuous_usage.then(|| generation.usage(&state, count, cached_prompt_tokens));
             if count == 1 && generation.api == Api::Chat {
                 let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
                 frames.push(Ok(generation.chunk(&model, role, generation.continuous_usage.then(|| generation.usage(&state, 0, cached_prompt_tokens)))));
             }
-            let choice = match generation.api {
-                Api::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": generation.finish_reason(finished)}),
-                Api::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason(finished), "stop_reason": null}),
+            let delta = match tool_stream.as_mut() {
+                None => Some(json!({"content": state.tokenizer.token_text(token)})),
+                Some(s) => s.delta(&decoded.push(&state.tokenizer, token, finished)),
             };
-            frames.push(Ok(generation.chunk(&model, choice, usage)));
+            // vLLM sends no chunk for text a forced call does not stream, except the last.
+            let delta = match (delta, finished) {
+                (Some(d), _) => Some(d),
+                (None, true) => Some(json!({})),
+                (None, false) => None,
+            };
+            if let Some(delta) = delta {
+                let choice = match generation.api {
+                    Api::Chat => json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": generation.finish_reason(finished)}),
+                    Api::Completion => json!({"index": 0, "text": state.tokenizer.token_text(token), "logprobs": null, "finish_reason": generation.finish_reason(finished), "stop_reason": null}),
+                };
+                frames.push(Ok(generation.chunk(&model, choice, usage)));
+            }
             if finished {
                 if generation.include_usage {
                     let object = if generation.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
@@ -430,15 +570,16 @@ async fn models(State(state): State<Shared>) -> Response {
 async fn chat_completions(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let body = parse_body(&body)?;
     check_model(&state, &body)?;
+    let tool_request = tools::parse_request(&body).map_err(ApiError::bad_request)?;
     let tokens = chat_tokens(&state, &body, false)?;
-    generate(state, body, tokens, Api::Chat).await
+    generate(state, body, tokens, Api::Chat, Some(tool_request)).await
 }
 
 async fn completions(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let body = parse_body(&body)?;
     check_model(&state, &body)?;
     let tokens = completion_tokens(&state, &body)?;
-    generate(state, body, tokens, Api::Completion).await
+    generate(state, body, tokens, Api::Completion, None).await
 }
 
 /// Tokens for `/tokenize`, `/render` and the oracle: `messages`, `prompt` or `token_ids`.
@@ -495,6 +636,7 @@ fn render_one(state: &AppState, body: &Map<String, Value>, tokens: Vec<u32>, pre
 async fn render_chat(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let body = parse_body(&body)?;
     check_model(&state, &body)?;
+    tools::parse_request(&body).map_err(ApiError::bad_request)?;
     let tokens = chat_tokens(&state, &body, false)?;
     Ok(axum::Json(render_one(&state, &body, tokens, "chatcmpl")?).into_response())
 }
@@ -545,6 +687,7 @@ async fn sim_state(State(state): State<Shared>) -> Result<Response, ApiError> {
         "prefixCacheQueries": c.prefix_cache_queries, "prefixCacheHits": c.prefix_cache_hits,
         "promptTokens": c.prompt_tokens, "generationTokens": c.generation_tokens,
         "preemptions": c.preemptions, "finished": c.finished,
+        "stalledRequests": state.faults.stalled_open(),
     }))
     .into_response())
 }

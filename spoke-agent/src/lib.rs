@@ -8,6 +8,7 @@
 //! [`fidelity`], [`calibration`] and the load ledger. Every task has an owner and stops on [`Spoke::shutdown`].
 
 pub mod calibration;
+pub mod cli_args;
 pub mod fidelity;
 pub mod http;
 pub mod index;

@@ -2,11 +2,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use switchyard_spoke::http::Limits;
+use switchyard_spoke::cli_args::LimitArgs;
 use switchyard_spoke::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL, Spoke, SpokeConfig};
 
 /// Precise KV-cache-aware routing over one cluster's vLLM workers.
@@ -22,15 +21,8 @@ struct Args {
     /// Admin address (status, metrics, decision traces).
     #[arg(long, default_value = DEFAULT_ADMIN_LISTEN)]
     admin_listen: SocketAddr,
-    /// Requests in flight at most; beyond it requests get 503 (OpenAI) / 529 (Anthropic).
-    #[arg(long, default_value_t = 1024)]
-    max_concurrent: usize,
-    /// Largest request body, bytes.
-    #[arg(long, default_value_t = 32 * 1024 * 1024)]
-    max_body_bytes: usize,
-    /// Seconds in-flight streams may run after SIGTERM before they are ended.
-    #[arg(long, default_value_t = 30)]
-    drain_seconds: u64,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 #[tokio::main]
@@ -41,10 +33,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let mut limits = Limits::default();
-    limits.front.max_concurrent = args.max_concurrent;
-    limits.front.max_body_bytes = args.max_body_bytes;
-    limits.serve.drain = Duration::from_secs(args.drain_seconds);
+    let limits = args.limits.limits();
     let spoke = Spoke::start(SpokeConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,

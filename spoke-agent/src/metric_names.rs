@@ -1,7 +1,12 @@
-//! Every metric name the spoke exports, in one place.
+//! Every metric name the spoke exports, in one place, with its type and help text.
 //!
 //! Grammar: `switchyard_spoke_<subsystem>_<name>[_<unit>][_total]`; `_total` only on counters.
 //! Labels are low-cardinality and server-controlled: worker set, worker, outcome, mode.
+//!
+//! The constants are the names exactly as exported (counters include `_total`).
+//! [`CATALOGUE`] says how each is produced: [`Source::Recorded`] series are registered once
+//! in [`crate::metrics::Metrics`] and updated on the request path; [`Source::Scraped`]
+//! series are read from live state by the `/metrics` handler and passed to `render`.
 
 /// Requests received at the front door, by route and status class.
 pub const REQUESTS_TOTAL: &str = "switchyard_spoke_requests_total";
@@ -37,3 +42,109 @@ pub const KV_EVENT_LAG_SECONDS: &str = "switchyard_spoke_kv_event_lag_seconds";
 pub const WORKER_HEALTHY: &str = "switchyard_spoke_worker_healthy";
 /// Requests in flight through the spoke, per worker.
 pub const WORKER_INFLIGHT: &str = "switchyard_spoke_worker_inflight_requests";
+
+/// The Prometheus type of a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic; the exported name ends in `_total`.
+    Counter,
+    /// A value that goes up and down.
+    Gauge,
+    /// Latency buckets, sum and count.
+    Histogram,
+}
+
+/// Where a metric's values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Updated on the request path through `Metrics::inc` / `Metrics::observe`.
+    Recorded,
+    /// Read from live state at scrape time and passed to `Metrics::render`.
+    Scraped,
+}
+
+/// One exported metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    /// The exported name (see the module grammar).
+    pub name: &'static str,
+    /// `# HELP` text, without the final full stop (the encoder appends one).
+    pub help: &'static str,
+    /// The Prometheus type.
+    pub kind: Kind,
+    /// Where the values come from.
+    pub source: Source,
+}
+
+const fn spec(name: &'static str, help: &'static str, kind: Kind, source: Source) -> Spec {
+    Spec { name, help, kind, source }
+}
+
+/// Every metric the spoke exports.
+pub const CATALOGUE: &[Spec] = {
+    use Kind::{Counter, Gauge, Histogram};
+    use Source::{Recorded, Scraped};
+    &[
+        spec(REQUESTS_TOTAL, "Requests received at the front door, by route and status class", Counter, Recorded),
+        spec(DECISIONS_TOTAL, "Routing decisions, by worker set and worker", Counter, Recorded),
+        spec(DECISION_SECONDS, "Routing decision latency in seconds", Histogram, Recorded),
+        spec(TTFT_SECONDS, "Observed time to first token through the spoke in seconds", Histogram, Recorded),
+        spec(
+            TTFT_PREDICTION_ERROR_SECONDS,
+            "Absolute difference between the calibrated TTFT prediction and the observed TTFT in seconds",
+            Histogram,
+            Recorded,
+        ),
+        spec(PREDICTED_CACHED_TOKENS_TOTAL, "Predicted cached prompt tokens of routed requests", Counter, Recorded),
+        spec(ACTUAL_CACHED_TOKENS_TOTAL, "Cached prompt tokens the engines reported", Counter, Recorded),
+        spec(
+            PROMPT_TOKEN_MISMATCH_TOTAL,
+            "Requests whose predicted prompt length differed from the engine's",
+            Counter,
+            Recorded,
+        ),
+        spec(FIDELITY_MODE, "Fidelity mode per worker set: 0 EXACT, 1 DEGRADED, 2 FALLBACK", Gauge, Scraped),
+        spec(INDEX_BLOCKS, "Blocks in the KV index, per worker", Gauge, Scraped),
+        spec(KV_BATCHES_TOTAL, "KV event batches applied, per worker", Counter, Scraped),
+        spec(KV_GAPS_TOTAL, "KV event sequence gaps detected, per worker", Counter, Scraped),
+        spec(KV_REPLAYS_TOTAL, "KV event gaps filled by replay, per worker", Counter, Scraped),
+        spec(KV_RESYNCS_TOTAL, "KV resynchronisations (worker entries cleared), per worker", Counter, Scraped),
+        spec(KV_EVENT_LAG_SECONDS, "Seconds since the last KV event batch, per worker", Gauge, Scraped),
+        spec(WORKER_HEALTHY, "Worker health (1 healthy), per worker", Gauge, Scraped),
+        spec(WORKER_INFLIGHT, "Requests in flight through the spoke, per worker", Gauge, Scraped),
+    ]
+};
+
+/// The catalogue entry of an exported name.
+pub fn lookup(name: &str) -> Option<&'static Spec> {
+    CATALOGUE.iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_grammar() {
+        for (i, s) in CATALOGUE.iter().enumerate() {
+            assert!(s.name.starts_with("switchyard_spoke_"), "{}", s.name);
+            assert_eq!(s.kind == Kind::Counter, s.name.ends_with("_total"), "{}: `_total` only on counters", s.name);
+            assert!(!s.help.is_empty() && !s.help.ends_with('.'), "{}: help", s.name);
+            assert!(CATALOGUE[..i].iter().all(|o| o.name != s.name), "{} listed twice", s.name);
+            assert_eq!(lookup(s.name), Some(s));
+        }
+        assert_eq!(lookup("switchyard_spoke_nope"), None);
+    }
+
+    #[test]
+    fn every_name_constant_is_catalogued() {
+        let names: Vec<&str> = include_str!("metric_names.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub const ")?.split_once(": &str = \"")?.1.strip_suffix("\";"))
+            .collect();
+        assert_eq!(names.len(), CATALOGUE.len(), "{names:?}");
+        for name in names {
+            assert!(lookup(name).is_some(), "{name} is not in CATALOGUE");
+        }
+    }
+}

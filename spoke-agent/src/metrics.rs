@@ -1,102 +1,415 @@
-//! A small Prometheus registry: labelled counters and histograms recorded by the request
-//! path, plus gauges read from live state at scrape time. Names live in
-//! [`crate::metric_names`].
+//! The spoke's Prometheus metrics, on the `prometheus-client` crate.
+//!
+//! Two kinds of series, both catalogued in [`crate::metric_names`]:
+//!
+//! - **Recorded** counters and histograms, updated on the request path through
+//!   [`Metrics::inc`] and [`Metrics::observe`]. Each is a [`Family`] keyed by its label
+//!   pairs, registered once in a [`Registry`] when [`Metrics`] is built; the name → family
+//!   map is immutable afterwards, so an observation takes no global lock. A family
+//!   finds an existing label set under an `RwLock` *read* lock (uncontended between
+//!   observers); only the first observation of a new label set takes the family's write
+//!   lock. A counter is then a lock-free atomic add; a histogram observation takes that one
+//!   series' own mutex.
+//! - **Scraped** counters and gauges (worker health, in-flight requests, index blocks, KV
+//!   event counts and lag, fidelity mode), read from live state by the `/metrics` handler
+//!   and passed to [`Metrics::render`], which encodes them through a scrape-local registry.
+//!
+//! [`Metrics::render`] writes the Prometheus text format, version 0.0.4, with
+//! `prometheus-client`'s encoder (serve it as [`CONTENT_TYPE`]). Names are exported
+//! exactly as written in [`crate::metric_names`]: counters are registered without their
+//! `_total` suffix because the encoder appends it. Series never observed are not
+//! exported, and families come out in catalogue order, series within a family in no
+//! particular order.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 
-const LATENCY_BUCKETS: &[f64] =
-    &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
-type Key = (&'static str, String);
+use crate::metric_names::{self, Kind, Source};
 
-#[derive(Debug, Clone, Default)]
-struct Hist {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
+/// Upper bounds of the latency histograms, seconds (`+Inf` is implicit).
+pub const LATENCY_BUCKETS: [f64; 15] =
+    [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
 
-/// Counters and histograms.
-#[derive(Debug, Default)]
+/// The `Content-Type` of [`Metrics::render`]'s output: Prometheus text, version 0.0.4.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// A series' label pairs, in the order given.
+pub type Labels = Vec<(String, String)>;
+
+type CounterFamily = Family<Labels, Counter<f64, AtomicU64>>;
+type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// The recorded counters and histograms (see the module documentation).
 pub struct Metrics {
-    counters: Mutex<BTreeMap<Key, f64>>,
-    hists: Mutex<BTreeMap<Key, Hist>>,
+    registry: Registry,
+    counters: HashMap<&'static str, CounterFamily>,
+    histograms: HashMap<&'static str, HistogramFamily>,
 }
 
-/// Renders a label set `{a="x",b="y"}` (values escaped).
-pub fn labels(pairs: &[(&str, &str)]) -> String {
-    if pairs.is_empty() {
-        return String::new();
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("counters", &self.counters.len())
+            .field("histograms", &self.histograms.len())
+            .finish_non_exhaustive()
     }
-    let inner: Vec<String> =
-        pairs.iter().map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))).collect();
-    format!("{{{}}}", inner.join(","))
+}
+
+impl Default for Metrics {
+    /// Registers every recorded metric of [`metric_names::CATALOGUE`].
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let mut counters = HashMap::new();
+        let mut histograms = HashMap::new();
+        for spec in metric_names::CATALOGUE.iter().filter(|s| s.source == Source::Recorded) {
+            match spec.kind {
+                Kind::Counter => {
+                    let family = CounterFamily::default();
+                    registry.register(counter_stem(spec.name), spec.help, family.clone());
+                    counters.insert(spec.name, family);
+                }
+                Kind::Histogram => {
+                    let family = HistogramFamily::new_with_constructor(latency_histogram);
+                    registry.register(spec.name, spec.help, family.clone());
+                    histograms.insert(spec.name, family);
+                }
+                // Nothing on the request path sets a gauge; gauges are scraped.
+                Kind::Gauge => {}
+            }
+        }
+        Self { registry, counters, histograms }
+    }
+}
+
+/// The label set of `pairs`, for [`Metrics::render`]'s scraped series.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// The name a counter is registered under: the encoder appends `_total` itself.
+fn counter_stem(name: &str) -> &str {
+    name.strip_suffix("_total").unwrap_or(name)
+}
+
+fn help(name: &str) -> &'static str {
+    metric_names::lookup(name).map_or("Switchyard spoke metric", |s| s.help)
+}
+
+#[cold]
+fn unregistered(name: &str, what: &str) {
+    tracing::warn!(metric = name, "{what} of a metric not registered as recorded in metric_names::CATALOGUE; dropped");
 }
 
 impl Metrics {
-    /// Adds to a counter.
+    /// Adds `by` (finite, non-negative) to a recorded counter.
     pub fn inc(&self, name: &'static str, pairs: &[(&str, &str)], by: f64) {
-        if let Ok(mut c) = self.counters.lock() {
-            *c.entry((name, labels(pairs))).or_default() += by;
+        if !by.is_finite() || by < 0.0 {
+            return;
+        }
+        match self.counters.get(name) {
+            Some(family) => {
+                family.get_or_create(&labels(pairs)).inc_by(by);
+            }
+            None => unregistered(name, "increment"),
         }
     }
 
-    /// Records a latency in seconds.
+    /// Records a latency in seconds into a recorded histogram.
     pub fn observe(&self, name: &'static str, pairs: &[(&str, &str)], seconds: f64) {
-        if let Ok(mut h) = self.hists.lock() {
-            let e = h
-                .entry((name, labels(pairs)))
-                .or_insert_with(|| Hist { counts: vec![0; LATENCY_BUCKETS.len()], ..Hist::default() });
-            for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
-                if seconds <= *b {
-                    e.counts[i] += 1;
-                }
-            }
-            e.sum += seconds;
-            e.count += 1;
+        match self.histograms.get(name) {
+            Some(family) => family.get_or_create(&labels(pairs)).observe(seconds),
+            None => unregistered(name, "observation"),
         }
     }
 
-    /// The exposition of the recorded series, plus live `counters` and `gauges` read from
-    /// state at scrape time, each as `(name, labels, value)`.
-    pub fn render(&self, counters: &[(&'static str, String, f64)], gauges: &[(&'static str, String, f64)]) -> String {
+    /// The exposition of the recorded series, then the live `counters` and `gauges` read
+    /// from state at scrape time, each as `(name, labels, value)`. A scraped counter
+    /// listed twice with the same labels is summed; a gauge keeps its last value.
+    pub fn render(&self, counters: &[(&'static str, Labels, f64)], gauges: &[(&'static str, Labels, f64)]) -> String {
+        let mut scraped = Registry::default();
+        let mut counter_families: Vec<(&str, CounterFamily)> = Vec::new();
+        for (name, l, v) in counters {
+            if let Some(family) = self.scraped_family(&mut scraped, &mut counter_families, name, counter_stem(name)) {
+                family.get_or_create(l).inc_by(*v);
+            }
+        }
+        let mut gauge_families: Vec<(&str, GaugeFamily)> = Vec::new();
+        for (name, l, v) in gauges {
+            if let Some(family) = self.scraped_family(&mut scraped, &mut gauge_families, name, name) {
+                family.get_or_create(l).set(*v);
+            }
+        }
+
         let mut out = String::new();
-        let mut last = "";
-        if let Ok(c) = self.counters.lock() {
-            for ((name, l), v) in c.iter() {
-                if *name != last {
-                    let _ = writeln!(out, "# TYPE {name} counter");
-                    last = name;
-                }
-                let _ = writeln!(out, "{name}{l} {v}");
-            }
-        }
-        if let Ok(h) = self.hists.lock() {
-            for ((name, l), hist) in h.iter() {
-                if *name != last {
-                    let _ = writeln!(out, "# TYPE {name} histogram");
-                    last = name;
-                }
-                let inner = l.trim_start_matches('{').trim_end_matches('}');
-                let sep = if inner.is_empty() { "" } else { "," };
-                for (b, c) in LATENCY_BUCKETS.iter().zip(&hist.counts) {
-                    let _ = writeln!(out, "{name}_bucket{{{inner}{sep}le=\"{b}\"}} {c}");
-                }
-                let _ = writeln!(out, "{name}_bucket{{{inner}{sep}le=\"+Inf\"}} {}", hist.count);
-                let _ = writeln!(out, "{name}_sum{l} {}\n{name}_count{l} {}", hist.sum, hist.count);
-            }
-        }
-        for (kind, series) in [("counter", counters), ("gauge", gauges)] {
-            for (name, l, v) in series {
-                if *name != last {
-                    let _ = writeln!(out, "# TYPE {name} {kind}");
-                    last = name;
-                }
-                let _ = writeln!(out, "{name}{l} {v}");
+        for registry in [&self.registry, &scraped] {
+            if let Err(e) = prometheus_text::encode(&mut out, registry) {
+                tracing::warn!(error = %e, "encoding metrics failed");
             }
         }
         out
+    }
+
+    /// The scrape-local family of `name`, registered (as `register_as`) on first use;
+    /// `None` when a recorded family already exports that name.
+    fn scraped_family<F>(
+        &self,
+        scraped: &mut Registry,
+        families: &mut Vec<(&'static str, F)>,
+        name: &'static str,
+        register_as: &str,
+    ) -> Option<F>
+    where
+        F: Default + Clone + prometheus_client::registry::Metric,
+    {
+        if self.counters.contains_key(name) || self.histograms.contains_key(name) {
+            unregistered(name, "scraped value");
+            return None;
+        }
+        if let Some((_, f)) = families.iter().find(|(n, _)| *n == name) {
+            return Some(f.clone());
+        }
+        let family = F::default();
+        scraped.register(register_as, help(name), family.clone());
+        families.push((name, family.clone()));
+        Some(family)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::metric_names as m;
+
+    /// Sample lines as `name{labels}` → value, checking the exposition's structure on the
+    /// way: every sample belongs to the family of the last `# TYPE` line, and no family is
+    /// declared twice.
+    fn samples(text: &str) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        let mut declared: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').expect("TYPE line has a kind");
+                assert!(declared.iter().all(|(n, _)| n != name), "{name} declared twice:\n{text}");
+                declared.push((name.to_owned(), kind.to_owned()));
+                continue;
+            }
+            if line.starts_with("# HELP ") {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').expect("sample has a value");
+            let name = series.split('{').next().expect("sample has a name");
+            let (family, kind) = declared.last().expect("sample follows a TYPE line");
+            let ok = match kind.as_str() {
+                "histogram" => [Some(""), Some("_bucket"), Some("_sum"), Some("_count")]
+                    .contains(&name.strip_prefix(family.as_str())),
+                _ => name == family,
+            };
+            assert!(ok, "{name} under `# TYPE {family} {kind}`:\n{text}");
+            let v: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line:?}"));
+            assert!(out.insert(series.to_owned(), v).is_none(), "{series} twice:\n{text}");
+        }
+        out
+    }
+
+    #[test]
+    fn labelled_counters_accumulate() {
+        let metrics = Metrics::default();
+        let chat = [("route", "chat"), ("status", "2xx")];
+        metrics.inc(m::REQUESTS_TOTAL, &chat, 1.0);
+        metrics.inc(m::REQUESTS_TOTAL, &chat, 2.0);
+        metrics.inc(m::REQUESTS_TOTAL, &[("route", "chat"), ("status", "5xx")], 1.0);
+        metrics.inc(m::PREDICTED_CACHED_TOKENS_TOTAL, &[("worker_set", "a")], 0.5);
+        metrics.inc(m::PREDICTED_CACHED_TOKENS_TOTAL, &[("worker_set", "a")], -7.0);
+        let text = metrics.render(&[], &[]);
+        let s = samples(&text);
+        assert_eq!(s[r#"switchyard_spoke_requests_total{route="chat",status="2xx"}"#], 3.0);
+        assert_eq!(s[r#"switchyard_spoke_requests_total{route="chat",status="5xx"}"#], 1.0);
+        assert_eq!(s[r#"switchyard_spoke_predicted_cached_tokens_total{worker_set="a"}"#], 0.5);
+        assert!(text.contains("# TYPE switchyard_spoke_requests_total counter\n"), "{text}");
+        assert!(!text.contains("_total_total"), "{text}");
+        // Families never incremented are not exported.
+        assert!(!text.contains(m::DECISIONS_TOTAL), "{text}");
+    }
+
+    #[test]
+    fn concurrent_increments_are_not_lost() {
+        let metrics = Metrics::default();
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let metrics = &metrics;
+                s.spawn(move || {
+                    let worker = format!("w{}", t % 2);
+                    for _ in 0..1000 {
+                        metrics.inc(m::DECISIONS_TOTAL, &[("worker_set", "a"), ("worker", &worker)], 1.0);
+                        metrics.observe(m::DECISION_SECONDS, &[], 0.002);
+                    }
+                });
+            }
+        });
+        let s = samples(&metrics.render(&[], &[]));
+        assert_eq!(s[r#"switchyard_spoke_decisions_total{worker_set="a",worker="w0"}"#], 2000.0);
+        assert_eq!(s[r#"switchyard_spoke_decisions_total{worker_set="a",worker="w1"}"#], 2000.0);
+        assert_eq!(s["switchyard_spoke_decision_seconds_count"], 4000.0);
+    }
+
+    #[test]
+    fn histograms_render_buckets_sum_and_count() {
+        let metrics = Metrics::default();
+        let a = [("worker_set", "a")];
+        for v in [0.000_976_562_5, 0.25, 100.0] {
+            metrics.observe(m::TTFT_SECONDS, &a, v);
+        }
+        metrics.observe(m::DECISION_SECONDS, &[], 0.003);
+        let text = metrics.render(&[], &[]);
+        assert!(text.contains("# TYPE switchyard_spoke_ttft_seconds histogram\n"), "{text}");
+        let s = samples(&text);
+        let bucket = |le: &str| s[&format!(r#"switchyard_spoke_ttft_seconds_bucket{{worker_set="a",le="{le}"}}"#)];
+        assert_eq!(bucket("0.001"), 1.0);
+        assert_eq!(bucket("0.1"), 1.0);
+        assert_eq!(bucket("0.25"), 2.0, "bounds are inclusive");
+        assert_eq!(bucket("80"), 2.0);
+        assert_eq!(bucket("+Inf"), 3.0);
+        assert_eq!(s[r#"switchyard_spoke_ttft_seconds_sum{worker_set="a"}"#], 100.250_976_562_5);
+        assert_eq!(s[r#"switchyard_spoke_ttft_seconds_count{worker_set="a"}"#], 3.0);
+        let les: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("switchyard_spoke_ttft_seconds_bucket"))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+            .collect();
+        let expected: Vec<String> = LATENCY_BUCKETS.iter().map(|b| b.to_string()).chain(["+Inf".to_owned()]).collect();
+        assert_eq!(les, expected);
+        assert_eq!(s[r#"switchyard_spoke_decision_seconds_bucket{le="0.001"}"#], 0.0);
+        assert_eq!(s[r#"switchyard_spoke_decision_seconds_bucket{le="0.005"}"#], 1.0);
+        assert_eq!(s["switchyard_spoke_decision_seconds_sum"], 0.003);
+    }
+
+    #[test]
+    fn scraped_series_render_with_escaped_labels() {
+        let metrics = Metrics::default();
+        metrics.inc(m::REQUESTS_TOTAL, &[("route", "chat"), ("status", "2xx")], 1.0);
+        let w1 = labels(&[("worker_set", "a"), ("worker", "w\"1\\")]);
+        let w2 = labels(&[("worker_set", "a"), ("worker", "w2")]);
+        let counters = vec![(m::KV_BATCHES_TOTAL, w1.clone(), 7.0), (m::KV_BATCHES_TOTAL, w2.clone(), 2.0)];
+        let gauges = vec![
+            (m::WORKER_HEALTHY, w1.clone(), 1.0),
+            (m::WORKER_HEALTHY, w2, 0.0),
+            (m::KV_EVENT_LAG_SECONDS, w1, 0.25),
+            (m::FIDELITY_MODE, labels(&[("worker_set", "a")]), 2.0),
+        ];
+        let text = metrics.render(&counters, &gauges);
+        let s = samples(&text);
+        assert_eq!(s[r#"switchyard_spoke_kv_event_batches_total{worker_set="a",worker="w\"1\\"}"#], 7.0);
+        assert_eq!(s[r#"switchyard_spoke_kv_event_batches_total{worker_set="a",worker="w2"}"#], 2.0);
+        assert_eq!(s[r#"switchyard_spoke_worker_healthy{worker_set="a",worker="w2"}"#], 0.0);
+        assert_eq!(s[r#"switchyard_spoke_kv_event_lag_seconds{worker_set="a",worker="w\"1\\"}"#], 0.25);
+        assert_eq!(s[r#"switchyard_spoke_fidelity_mode{worker_set="a"}"#], 2.0);
+        for (name, kind) in [
+            (m::REQUESTS_TOTAL, "counter"),
+            (m::KV_BATCHES_TOTAL, "counter"),
+            (m::WORKER_HEALTHY, "gauge"),
+            (m::FIDELITY_MODE, "gauge"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}:\n{text}");
+        }
+        assert!(text.contains("# HELP switchyard_spoke_worker_healthy Worker health (1 healthy), per worker.\n"));
+    }
+
+    #[test]
+    fn every_catalogued_name_is_exported_verbatim() {
+        let metrics = Metrics::default();
+        let (mut counters, mut gauges) = (Vec::new(), Vec::new());
+        for spec in metric_names::CATALOGUE {
+            match (spec.source, spec.kind) {
+                (Source::Recorded, Kind::Counter) => metrics.inc(spec.name, &[("worker_set", "a")], 1.0),
+                (Source::Recorded, Kind::Histogram) => metrics.observe(spec.name, &[], 0.1),
+                (Source::Recorded, Kind::Gauge) => panic!("{}: recorded gauges are not supported", spec.name),
+                (Source::Scraped, Kind::Counter) => counters.push((spec.name, labels(&[]), 1.0)),
+                (Source::Scraped, Kind::Gauge) => gauges.push((spec.name, labels(&[]), 1.0)),
+                (Source::Scraped, Kind::Histogram) => panic!("{}: scraped histograms are not supported", spec.name),
+            }
+        }
+        let text = metrics.render(&counters, &gauges);
+        let s = samples(&text);
+        for spec in metric_names::CATALOGUE {
+            let kind = match spec.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+            };
+            assert!(text.contains(&format!("# TYPE {} {kind}\n", spec.name)), "{}:\n{text}", spec.name);
+            let sample =
+                if spec.kind == Kind::Histogram { format!("{}_count", spec.name) } else { spec.name.to_owned() };
+            assert!(s.keys().any(|k| k.split('{').next() == Some(sample.as_str())), "{sample}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn unregistered_names_are_dropped() {
+        let metrics = Metrics::default();
+        metrics.inc("switchyard_spoke_unknown_total", &[], 1.0);
+        metrics.observe(m::REQUESTS_TOTAL, &[], 1.0);
+        assert_eq!(metrics.render(&[], &[]), "");
+        // A scraped series may not shadow a recorded family.
+        metrics.inc(m::REQUESTS_TOTAL, &[], 1.0);
+        let text = metrics.render(&[(m::REQUESTS_TOTAL, labels(&[]), 5.0)], &[]);
+        assert_eq!(samples(&text)["switchyard_spoke_requests_total"], 1.0);
+    }
+
+    /// The output parses with the Python `prometheus_client` parser, when a Python with it
+    /// is at `$SWITCHYARD_PYTHON` or `~/.cache/switchyard/venv-ci/bin/python`.
+    #[test]
+    fn parses_with_python_prometheus_client() {
+        let python = std::env::var_os("SWITCHYARD_PYTHON").map(std::path::PathBuf::from).or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/switchyard/venv-ci/bin/python"))
+        });
+        let Some(python) = python.filter(|p| p.exists()) else {
+            eprintln!("skipped: no Python with prometheus_client");
+            return;
+        };
+        let metrics = Metrics::default();
+        metrics.inc(m::REQUESTS_TOTAL, &[("route", "chat"), ("status", "2xx")], 3.0);
+        metrics.observe(m::TTFT_SECONDS, &[("worker_set", "a")], 0.3);
+        let l = labels(&[("worker_set", "a"), ("worker", "w\"1\\\n")]);
+        let text = metrics.render(&[(m::KV_GAPS_TOTAL, l.clone(), 4.0)], &[(m::WORKER_INFLIGHT, l, 2.0)]);
+        let script = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+fams = {f.name: f for f in text_string_to_metric_families(sys.stdin.read())}
+assert fams["switchyard_spoke_requests"].type == "counter", fams
+s = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in fams.values() for x in f.samples}
+assert s[("switchyard_spoke_requests_total", (("route", "chat"), ("status", "2xx")))] == 3.0, s
+w = (("worker", 'w"1\\\n'), ("worker_set", "a"))
+assert s[("switchyard_spoke_kv_event_gaps_total", w)] == 4.0, s
+assert s[("switchyard_spoke_worker_inflight_requests", w)] == 2.0, s
+assert fams["switchyard_spoke_ttft_seconds"].type == "histogram", fams
+assert s[("switchyard_spoke_ttft_seconds_bucket", (("le", "0.5"), ("worker_set", "a")))] == 1.0, s
+assert s[("switchyard_spoke_ttft_seconds_count", (("worker_set", "a"),))] == 1.0, s
+"#;
+        let mut child = std::process::Command::new(&python)
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn python");
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin.write_all(text.as_bytes()).expect("write exposition");
+        }
+        let status = child.wait().expect("python exits");
+        assert!(status.success(), "Python parser rejected:\n{text}");
     }
 }

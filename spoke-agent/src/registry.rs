@@ -205,6 +205,7 @@ impl Registry {
                 endpoint: endpoint.clone(),
                 replay: ep.kv_replay.clone(),
                 topic: ep.topic.clone(),
+                max_message_bytes: kv_subscriber::DEFAULT_MAX_MESSAGE_BYTES,
             };
             tasks.push(tokio::spawn(kv_subscriber::run(spec, index, kv.clone(), cancel.clone())));
         }

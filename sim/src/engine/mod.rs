@@ -12,6 +12,13 @@
 //! The engine has no clock: a step reports its duration from the profile's timing model and
 //! the caller decides how long to sleep. Same inputs, same seed → same outputs, events and
 //! durations.
+//!
+//! Generated tokens are drawn from the output vocabulary, seeded by the prompt, unless the
+//! request carries a forced output ([`Engine::add_request_with_output`]): then the engine
+//! emits exactly those tokens, in order, and finishes after the last one (or at `max_tokens`,
+//! whichever comes first). The server forces outputs where vLLM constrains decoding
+//! (structured outputs for forced tool calls), so the constrained text is what the engine
+//! computes, caches and counts.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -123,6 +130,8 @@ struct Req {
     /// Prompt tokens served from the prefix cache when first admitted.
     cached_prompt_tokens: u32,
     fingerprint: u64,
+    /// Tokens to emit instead of sampled ones (constrained decoding).
+    forced: Option<Arc<[u32]>>,
 }
 
 /// The simulated engine of one worker.
@@ -168,6 +177,21 @@ impl Engine {
 
     /// Queues a request; it is admitted by a later step.
     pub fn add_request(&mut self, prompt: Vec<u32>, max_tokens: u32) -> RequestId {
+        self.add_request_with_output(prompt, max_tokens, None)
+    }
+
+    /// Queues a request whose output is `forced` (when given): the engine emits those tokens
+    /// in order and stops after the last one or at `max_tokens`, whichever comes first.
+    pub fn add_request_with_output(
+        &mut self,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        forced: Option<Arc<[u32]>>,
+    ) -> RequestId {
+        let max_tokens = match &forced {
+            Some(f) if !f.is_empty() => max_tokens.min(f.len() as u32),
+            _ => max_tokens,
+        };
         let id = self.next_id;
         self.next_id += 1;
         let fingerprint = prompt.iter().fold(self.seed ^ 0x9e37_79b9_7f4a_7c15, |h, &t| mix(h ^ u64::from(t)));
@@ -184,6 +208,7 @@ impl Engine {
                 num_registered: 0,
                 cached_prompt_tokens: 0,
                 fingerprint,
+                forced: forced.filter(|f| !f.is_empty()),
             },
         );
         self.waiting.push_back(id);
@@ -486,7 +511,9 @@ impl Engine {
             // All known tokens computed: sample the next one.
             if r.num_computed as usize == r.tokens.len() {
                 let index = r.tokens.len() as u32 - r.prompt_len;
-                let token = if vocab.is_empty() {
+                let token = if let Some(t) = r.forced.as_ref().and_then(|f| f.get(index as usize)) {
+                    *t
+                } else if vocab.is_empty() {
                     0
                 } else {
                     vocab[(mix(r.fingerprint ^ u64::from(index)) % vocab.len() as u64) as usize]

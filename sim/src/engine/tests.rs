@@ -237,3 +237,34 @@ fn events_track_the_cache_exactly_under_random_load() {
         assert_eq!(finished, submitted, "seed {seed}: every request finishes");
     }
 }
+
+#[test]
+fn forced_output_is_emitted_in_order_and_cached() {
+    let mut e = engine(64);
+    let forced: Arc<[u32]> = vec![7, 8, 9, 10, 11, 12].into();
+    let id = e.add_request_with_output((1..=10).collect(), 100, Some(forced.clone()));
+    let mut got = Vec::new();
+    let mut events = Vec::new();
+    while let Some(out) = e.step() {
+        events.extend(out.events);
+        for t in out.tokens.iter().filter(|t| t.request == id) {
+            got.push((t.token, t.finished));
+        }
+    }
+    let tokens: Vec<u32> = got.iter().map(|g| g.0).collect();
+    assert_eq!(tokens, forced.to_vec(), "the forced tokens, then the request finishes");
+    assert_eq!(got.iter().filter(|g| g.1).count(), 1);
+    assert!(got.last().is_some_and(|g| g.1));
+    // Output tokens fill blocks like sampled ones: 10 prompt tokens and the first 5 outputs are
+    // computed (the last output never is), so three full blocks of 4 enter the cache.
+    let computed: Vec<u32> = (1..=10).chain(7..=11).collect();
+    assert_eq!(stored_tokens(&events), computed[..12]);
+
+    // max_tokens still cuts a forced output short.
+    let id = e.add_request_with_output(vec![3; 9], 2, Some(forced.clone()));
+    let mut cut = Vec::new();
+    while let Some(out) = e.step() {
+        cut.extend(out.tokens.iter().filter(|t| t.request == id).map(|t| t.token));
+    }
+    assert_eq!(cut, [7, 8]);
+}
