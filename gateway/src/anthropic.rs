@@ -414,11 +414,12 @@ impl StreamRenderer {
                 if self.open != Some(Block::Text) {
                     self.open_block(Block::Text, json!({"type": "text", "text": ""}), out);
                 }
-                sse(
-                    out,
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": self.next_index - 1, "delta": {"type": "text_delta", "text": t}}),
-                );
+                // The per-token hot path, rendered without building a JSON tree.
+                out.push_str("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
+                out.push_str(&(self.next_index - 1).to_string());
+                out.push_str(",\"delta\":{\"type\":\"text_delta\",\"text\":");
+                out.push_str(&serde_json::to_string(t).unwrap_or_else(|_| "\"\"".to_owned()));
+                out.push_str("}}\n\n");
             }
             Event::ToolCall { index, id, name, arguments } => {
                 if self.open != Some(Block::Tool(*index)) {

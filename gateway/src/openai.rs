@@ -477,21 +477,50 @@ pub struct StreamRenderer {
     include_usage: bool,
     started: bool,
     tool_calls_seen: u32,
+    /// `data: {"id":…,"object":…,"created":…,"model":…,"choices":[`, rendered once.
+    prefix: String,
+}
+
+/// `s` as a JSON string literal.
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
 }
 
 impl StreamRenderer {
     /// A renderer for one response.
     pub fn new(endpoint: Endpoint, req: &InferenceRequest, created: u64) -> StreamRenderer {
-        let prefix = if endpoint == Endpoint::Chat { "chatcmpl-" } else { "cmpl-" };
+        let id_prefix = if endpoint == Endpoint::Chat { "chatcmpl-" } else { "cmpl-" };
+        let id = format!("{id_prefix}{}", req.id);
+        let object = if endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let prefix = format!(
+            "data: {{\"id\":{},\"object\":\"{object}\",\"created\":{created},\"model\":{},\"choices\":[",
+            json_str(&id),
+            json_str(&req.model)
+        );
         StreamRenderer {
             endpoint,
-            id: format!("{prefix}{}", req.id),
+            id,
             model: req.model.clone(),
             created,
             include_usage: req.stream_usage,
             started: false,
             tool_calls_seen: 0,
+            prefix,
         }
+    }
+
+    /// A text delta, rendered without building a JSON tree (the per-token hot path).
+    fn text_chunk(&self, text: &str, out: &mut String) {
+        out.push_str(&self.prefix);
+        match self.endpoint {
+            Endpoint::Chat => out.push_str("{\"index\":0,\"delta\":{\"content\":"),
+            Endpoint::Completions => out.push_str("{\"index\":0,\"text\":"),
+        }
+        out.push_str(&json_str(text));
+        if self.endpoint == Endpoint::Chat {
+            out.push('}');
+        }
+        out.push_str(",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
     }
 
     fn chunk(&self, choice: Option<Value>, usage: Option<Value>, out: &mut String) {
@@ -529,7 +558,7 @@ impl StreamRenderer {
     pub fn event(&mut self, event: &Event, out: &mut String) {
         self.ensure_started(out);
         match event {
-            Event::Text(t) => self.chunk(Some(self.choice(json!({"content": t}), None)), None, out),
+            Event::Text(t) => self.text_chunk(t, out),
             Event::ToolCall { index, id, name, arguments } => {
                 let mut call = json!({"index": index, "function": {"arguments": arguments}});
                 if *index >= self.tool_calls_seen {
@@ -627,6 +656,20 @@ mod tests {
         ] {
             let e = parse(Endpoint::Chat, obj(body)).expect_err("invalid");
             assert_eq!(e.param.as_deref(), Some(param));
+        }
+    }
+
+    #[test]
+    fn fast_text_chunks_equal_the_generic_rendering() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            let req = InferenceRequest::new(Dialect::OpenAi, "m\"x", Prompt::Text(TextPrompt::String(String::new())));
+            let mut r = StreamRenderer::new(endpoint, &req, 7);
+            r.started = true;
+            let (mut fast, mut slow) = (String::new(), String::new());
+            r.text_chunk("a \"q\"\n\u{1F600}", &mut fast);
+            r.chunk(Some(r.choice(json!({"content": "a \"q\"\n\u{1F600}"}), None)), None, &mut slow);
+            let parse = |s: &str| serde_json::from_str::<Value>(s.trim().trim_start_matches("data: ")).expect("json");
+            assert_eq!(parse(&fast), parse(&slow));
         }
     }
 
