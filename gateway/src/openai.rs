@@ -74,9 +74,13 @@ pub fn parse(endpoint: Endpoint, body: Map<String, Value>) -> Result<InferenceRe
         }
         Endpoint::Completions => Prompt::Text(match body.get("prompt") {
             Some(Value::String(s)) => TextPrompt::String(s.clone()),
-            Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => TextPrompt::Tokens(
-                items.iter().filter_map(Value::as_u64).map(|v| u32::try_from(v).unwrap_or(u32::MAX)).collect(),
-            ),
+            Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+                let ids: Option<Vec<u32>> =
+                    items.iter().map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect();
+                TextPrompt::Tokens(
+                    ids.ok_or_else(|| GatewayError::invalid_param("prompt", "a token id is out of range"))?,
+                )
+            }
             Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
                 TextPrompt::String(items[0].as_str().unwrap_or_default().to_owned())
             }

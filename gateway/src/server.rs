@@ -19,8 +19,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
@@ -104,12 +103,23 @@ pub fn api_router<B: Backend>(fd: Arc<FrontDoor<B>>) -> Router {
         // vLLM-compatible liveness path (load generators and peer routers probe it).
         .route("/health", get(|| async { StatusCode::OK }))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(fd)
 }
 
 async fn not_found(headers: HeaderMap) -> Response {
     let dialect = if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
     GatewayError::new(ErrorKind::NotFound, "not_found", "no such endpoint").into_response_for(dialect, None)
+}
+
+async fn method_not_allowed(headers: HeaderMap) -> Response {
+    let dialect = if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let mut e =
+        GatewayError::new(ErrorKind::InvalidRequest, "method_not_allowed", "method not allowed on this endpoint");
+    e.param = None;
+    let mut r = e.into_response_for(dialect, None);
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
 }
 
 async fn readyz<B: Backend>(State(fd): State<Arc<FrontDoor<B>>>) -> Response {
@@ -158,9 +168,14 @@ async fn handle<B: Backend>(
     let id = new_request_id();
     let span = tracing::info_span!("request", %id, endpoint = ep.name(), model = tracing::field::Empty,
                                    target = tracing::field::Empty);
+    // Set once the whole body has been read: an answer given before that leaves unread bytes on
+    // the connection, so it must say `Connection: close` (hyper closes it after answering).
+    let mut body_read = false;
     let response = async {
         let permit = fd.admission.try_admit()?;
+        check_declared_length(&fd, &headers)?;
         let bytes = read_body(&fd, body).await?;
+        body_read = true;
         let mut req = parse(&fd, ep, &headers, bytes).await?;
         req.id = id.clone();
         tracing::Span::current().record("model", req.model.as_str());
@@ -180,9 +195,28 @@ async fn handle<B: Backend>(
     }
     .instrument(span)
     .await;
-    let response = response.unwrap_or_else(|e: GatewayError| e.into_response_for(dialect, Some(&id)));
+    let mut response = response.unwrap_or_else(|e: GatewayError| e.into_response_for(dialect, Some(&id)));
+    if !body_read {
+        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
     fd.backend.record(ep.name(), response.status().as_u16());
     response
+}
+
+/// Refuses a body whose declared length is over the limit before reading any of it.
+fn check_declared_length<B: Backend>(fd: &FrontDoor<B>, headers: &HeaderMap) -> Result<(), GatewayError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > fd.limits.max_body_bytes as u64 => Err(GatewayError::new(
+            ErrorKind::PayloadTooLarge,
+            "body_too_large",
+            format!("the request body exceeds {} bytes", fd.limits.max_body_bytes),
+        )),
+        _ => Ok(()),
+    }
 }
 
 async fn read_body<B: Backend>(fd: &FrontDoor<B>, body: Body) -> Result<axum::body::Bytes, GatewayError> {
@@ -240,7 +274,12 @@ async fn parse<B: Backend>(
     headers: &HeaderMap,
     bytes: axum::body::Bytes,
 ) -> Result<InferenceRequest, GatewayError> {
-    let version = headers.get("anthropic-version").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let version = match headers.get("anthropic-version") {
+        None => None,
+        Some(v) => Some(
+            v.to_str().map_err(|_| GatewayError::invalid("the anthropic-version header is not valid text"))?.to_owned(),
+        ),
+    };
     if bytes.len() <= INLINE_PARSE_BYTES {
         return parse_bytes(ep, version, &bytes);
     }
@@ -283,8 +322,11 @@ pub async fn serve(
     shutdown: CancellationToken,
     expired: CancellationToken,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(cfg.header_read).keep_alive(true);
+    // HTTP/1 (what the OpenAI and Anthropic SDKs speak): hyper-util's auto builder sniffs for
+    // an HTTP/2 preface with no timeout, so a client that sends part of one holds a connection
+    // forever; hyper's HTTP/1 builder puts the header-read timeout on every byte it waits for.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(cfg.header_read).keep_alive(true);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -307,10 +349,19 @@ pub async fn serve(
         // holds them back until the peer's delayed ACK (~40 ms on Linux).
         let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service).into_owned();
-        let conn = graceful.watch(conn);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let header_read = cfg.header_read;
         connections.spawn(async move {
-            if let Err(e) = conn.await {
+            // hyper's header-read timer starts with a request's first byte; a connection that
+            // sends nothing at all is closed here instead of being held open forever.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(header_read, tcp.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });

@@ -226,7 +226,11 @@ fn completion_tokens(state: &AppState, body: &Map<String, Value>) -> Result<Vec<
         Some(Value::Array(items)) if items.iter().all(|v| v.is_u64()) => items
             .iter()
             .map(|v| {
-                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| ApiError::bad_request("bad token id"))
+                // As vLLM's input processor: an id the vocabulary does not have is a 400.
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|id| !state.tokenizer.token_str(*id).is_empty())
+                    .ok_or_else(|| ApiError::bad_request(format!("Token id {v} is out of vocabulary")))
             })
             .collect(),
         _ => Err(ApiError::bad_request("`prompt` must be a string or a list of token ids (one prompt per request)")),
