@@ -91,6 +91,26 @@ pub struct SimConfig {
     pub enable_prompt_tokens_details: bool,
 }
 
+impl SimConfig {
+    /// One worker on loopback with free ports, the tiny profile at time scale 1, no KV events
+    /// (tests and benches override what they need).
+    pub fn loopback(tokenizer_dir: PathBuf) -> SimConfig {
+        SimConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            workers: 1,
+            served_model_name: "sim-model".into(),
+            tokenizer_dir,
+            profile: crate::profile::TINY.clone(),
+            time_scale: 1.0,
+            seed: 0,
+            kv_events: None,
+            wire_format: WireFormat::default(),
+            enable_prompt_tokens_details: false,
+        }
+    }
+}
+
 /// Why the fleet could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

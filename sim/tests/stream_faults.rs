@@ -7,21 +7,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use switchyard_sim::{Fleet, SimConfig, profile};
+use switchyard_sim::{Fleet, SimConfig};
 
 fn config() -> SimConfig {
     SimConfig {
-        host: "127.0.0.1".into(),
-        port: 0,
-        workers: 1,
-        served_model_name: "sim-model".into(),
-        tokenizer_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files"),
-        profile: profile::TINY.clone(),
         time_scale: 0.1,
         seed: 9,
-        kv_events: None,
-        wire_format: Default::default(),
-        enable_prompt_tokens_details: false,
+        ..SimConfig::loopback(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files"))
     }
 }
 

@@ -5,21 +5,13 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
-use switchyard_sim::{Fleet, SimConfig, profile};
+use switchyard_sim::{Fleet, SimConfig};
 
 fn config() -> SimConfig {
     SimConfig {
-        host: "127.0.0.1".into(),
-        port: 0,
-        workers: 1,
-        served_model_name: "sim-model".into(),
-        tokenizer_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files"),
-        profile: profile::TINY.clone(),
         time_scale: 0.1,
         seed: 5,
-        kv_events: None,
-        wire_format: Default::default(),
-        enable_prompt_tokens_details: false,
+        ..SimConfig::loopback(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files"))
     }
 }
 

@@ -6,7 +6,6 @@
 //! The spoke runs for real (its registry, index and scrapers over one simulated worker that
 //! is never sent a request); only the upstream is replaced, so no socket time is measured.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,11 +18,10 @@ use switchyard_gateway::observe::Dispatch;
 use switchyard_gateway::relay::{Api, RelayLimits, relay};
 use switchyard_gateway::upstream::{EventStream, SendError, Upstream};
 use switchyard_gateway::{Backend, Event, FinishReason, InferenceRequest, Routed, Target, Usage, anthropic, openai};
-use switchyard_sim::wire::WireFormat;
-use switchyard_sim::{Fleet, KvEventsConfig, SimConfig, profile};
 use switchyard_spoke::http::SpokeBackend;
-use switchyard_spoke::{Spoke, SpokeConfig};
 use tokio_util::sync::CancellationToken;
+
+mod common;
 
 const OUTPUT_TOKENS: u32 = 300;
 
@@ -93,54 +91,7 @@ async fn one(backend: &SpokeBackend, admission: &Admission, api: Api, body: &Byt
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files");
-    let (fleet, spoke, dir) = rt.block_on(async {
-        let fleet = Fleet::start(SimConfig {
-            host: "127.0.0.1".into(),
-            port: 0,
-            workers: 1,
-            served_model_name: "sim-model".into(),
-            tokenizer_dir: tokenizer.clone(),
-            profile: profile::TINY.clone(),
-            time_scale: 0.0,
-            seed: 0,
-            kv_events: Some(KvEventsConfig {
-                enable_kv_cache_events: true,
-                publisher: None,
-                endpoint: "tcp://*:0".into(),
-                replay_endpoint: None,
-                buffer_steps: 100,
-                topic: String::new(),
-            }),
-            wire_format: WireFormat::Current,
-            enable_prompt_tokens_details: true,
-        })
-        .await
-        .expect("fleet");
-        let w = &fleet.workers[0];
-        let dir = std::env::temp_dir().join(format!("spoke-frontdoor-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::write(
-            dir.join("fleet.yaml"),
-            format!(
-                "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: s}}\nspec:\n  model: sim-model\n  cluster: c\n  endpoints:\n    static: [{{name: w, host: 127.0.0.1, httpPort: {}}}]\n  kvBlockSize: 16\n  tokenizer: {{source: Files, path: {}}}\n---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: p}}\nspec:\n  members: [{{workerSet: s}}]\n---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: g}}\nspec:\n  models: [{{name: sim-model, pool: p}}]\n",
-                w.http.port(),
-                tokenizer.display()
-            ),
-        )
-        .expect("config");
-        let spoke = Spoke::start(SpokeConfig { reload_interval: Duration::from_secs(60), ..SpokeConfig::loopback(vec![dir.clone()]) })
-            .await
-            .expect("spoke");
-        // Wait until the worker has been scraped (healthy candidates only are planned).
-        for _ in 0..100 {
-            if spoke.app.registry.workers().iter().all(|w| w.load.engine().1.is_some()) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        (fleet, spoke, dir)
-    });
+    let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke());
     let backend = SpokeBackend(spoke.app.clone());
     let admission = Admission::new(1024, Duration::from_secs(1));
     // ~16,000 tokens of shared text, then a new tail per request.

@@ -1,14 +1,12 @@
 //! Proxy overhead: TTFT through the spoke minus TTFT direct to the same worker, with the
 //! simulator's step time set to (almost) zero so only the HTTP path is measured.
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
-use switchyard_sim::wire::WireFormat;
-use switchyard_sim::{Fleet, KvEventsConfig, SimConfig, profile};
-use switchyard_spoke::{Spoke, SpokeConfig};
+
+mod common;
 
 async fn ttft(client: &reqwest::Client, url: &str, model: &str) -> f64 {
     let body = serde_json::json!({"model": model, "prompt": "hello world, the cache of model request token", "max_tokens": 2, "stream": true});
@@ -32,42 +30,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files");
-    let (fleet, spoke, dir) = rt.block_on(async {
-        let fleet = Fleet::start(SimConfig {
-            host: "127.0.0.1".into(),
-            port: 0,
-            workers: 1,
-            served_model_name: "sim-model".into(),
-            tokenizer_dir: tokenizer.clone(),
-            profile: profile::TINY.clone(),
-            time_scale: 0.0,
-            seed: 0,
-            kv_events: Some(KvEventsConfig { enable_kv_cache_events: true, publisher: None, endpoint: "tcp://*:0".into(), replay_endpoint: None, buffer_steps: 100, topic: String::new() }),
-            wire_format: WireFormat::Current,
-            enable_prompt_tokens_details: true,
-        })
-        .await
-        .expect("fleet");
-        let w = &fleet.workers[0];
-        let kv_port = w.kv_events.as_deref().and_then(|e| e.rsplit(':').next()).unwrap_or("1").to_owned();
-        let dir = std::env::temp_dir().join(format!("spoke-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::write(
-            dir.join("fleet.yaml"),
-            format!(
-                "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: s}}\nspec:\n  model: sim-model\n  cluster: c\n  endpoints:\n    static: [{{name: w, host: 127.0.0.1, httpPort: {}, kvEventsPort: {kv_port}}}]\n  tokenizer: {{source: Files, path: {}}}\n---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: p}}\nspec:\n  members: [{{workerSet: s}}]\n---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: g}}\nspec:\n  models: [{{name: sim-model, pool: p}}]\n",
-                w.http.port(),
-                tokenizer.display()
-            ),
-        )
-        .expect("config");
-        let spoke = Spoke::start(SpokeConfig { reload_interval: Duration::from_secs(60), ..SpokeConfig::loopback(vec![dir.clone()]) })
-            .await
-            .expect("spoke");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        (fleet, spoke, dir)
-    });
+    let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke());
     let direct = format!("http://{}", fleet.workers[0].http);
     let via = format!("http://{}", spoke.addr);
     let client = reqwest::Client::new();
