@@ -203,10 +203,9 @@ fn chat_tokens(state: &AppState, body: &Map<String, Value>, default_add_special:
     };
     let add_special = get_bool(body, "add_special_tokens", default_add_special)?;
     tools::validate_tools(body).map_err(ApiError::bad_request)?;
-    let conversation = tools::conversation(messages).map_err(ApiError::bad_request)?;
     let tools = tools::template_tools(body.get("tools").filter(|t| !t.is_null()));
     Ok(state.tokenizer.encode_chat(
-        &conversation,
+        messages,
         add_generation_prompt,
         continue_final,
         tools.as_ref(),

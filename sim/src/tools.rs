@@ -3,7 +3,7 @@
 //! **Request side.** `tools` and `tool_choice` are validated like vLLM's
 //! `ChatCompletionRequest` (`check_tool_usage` and the pydantic field types), with vLLM's
 //! messages; every failure is a 400. Messages go through vLLM's conversation parsing before the
-//! chat template ([`conversation`]): `content: null` becomes `""`, an assistant's `tool_calls`
+//! chat template (`switchyard_tokenizer::conversation`, shared with the router): `content: null` becomes `""`, an assistant's `tool_calls`
 //! keep their shape with `arguments` parsed from JSON text into objects (what tool-aware
 //! templates expect), a tool message keeps `tool_call_id`, and other keys are dropped. `tools`
 //! reach the template as pydantic dumps them ([`template_tools`]).
@@ -184,68 +184,6 @@ pub fn template_tools(raw: Option<&Value>) -> Option<Value> {
             })
             .collect(),
     ))
-}
-
-/// vLLM's conversation parsing ("string" content format) before the chat template: keeps
-/// `role`, `content` (`null` → `""`; text parts are joined later by the tokenizer), `name`,
-/// an assistant's `tool_calls` (with JSON-text `arguments` parsed into values, empty ones as
-/// `{}`) and `reasoning`, and a tool message's `tool_call_id`. Invalid `arguments` JSON is a
-/// 400, as in vLLM.
-pub fn conversation(messages: &[Value]) -> Result<Vec<Value>, String> {
-    messages
-        .iter()
-        .map(|m| {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-            let mut out = Map::new();
-            out.insert("role".into(), json!(role));
-            let content = match m.get("content") {
-                None | Some(Value::Null) => json!(""),
-                Some(c) => c.clone(),
-            };
-            out.insert("content".into(), content);
-            match role {
-                "assistant" => {
-                    if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
-                        let calls = calls.as_array().ok_or("`tool_calls` must be a list of tool calls")?;
-                        out.insert(
-                            "tool_calls".into(),
-                            Value::Array(calls.iter().map(tool_call).collect::<Result<_, _>>()?),
-                        );
-                    }
-                    if let Some(r) = m.get("reasoning").or_else(|| m.get("reasoning_content")).filter(|r| !r.is_null())
-                    {
-                        out.insert("reasoning".into(), r.clone());
-                        out.insert("reasoning_content".into(), r.clone());
-                    }
-                }
-                "tool" => {
-                    if let Some(id) = m.get("tool_call_id") {
-                        out.insert("tool_call_id".into(), id.clone());
-                    }
-                }
-                _ => {}
-            }
-            if let Some(name) = m.get("name").filter(|n| n.is_string()) {
-                out.insert("name".into(), name.clone());
-            }
-            Ok(Value::Object(out))
-        })
-        .collect()
-}
-
-fn tool_call(call: &Value) -> Result<Value, String> {
-    let mut call = call.clone();
-    let function =
-        call.get_mut("function").and_then(Value::as_object_mut).ok_or("every tool call needs a `function` object")?;
-    let parsed = match function.get("arguments") {
-        Some(Value::String(s)) if !s.is_empty() => {
-            serde_json::from_str(s).map_err(|e| format!("invalid JSON in tool call `arguments`: {e}"))?
-        }
-        Some(v @ (Value::Object(_) | Value::Array(_))) => v.clone(),
-        _ => json!({}),
-    };
-    function.insert("arguments".into(), parsed);
-    Ok(call)
 }
 
 /// Text of the last user message (tool selection under `"required"`).
@@ -667,21 +605,5 @@ mod tests {
         let none = forced_call(&ToolRequest { mode: ToolMode::Required, ..req }, &[], 1, &word).expect("forced");
         assert_eq!(none.name, "alpha_tool");
         assert_eq!(none.arguments, "{}");
-    }
-
-    #[test]
-    fn conversation_normalizes_like_vllm() {
-        let msgs = [
-            json!({"role": "assistant", "content": null, "extra": 1,
-                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}),
-            json!({"role": "tool", "tool_call_id": "c1", "content": "42"}),
-        ];
-        let conv = conversation(&msgs).expect("parses");
-        assert_eq!(conv[0]["content"], "");
-        assert!(conv[0].get("extra").is_none());
-        assert_eq!(conv[0]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
-        assert_eq!(conv[1]["tool_call_id"], "c1");
-        let bad = [json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]})];
-        assert!(conversation(&bad).is_err());
     }
 }

@@ -9,17 +9,23 @@
 //! The project ships its own small byte-level BPE tokenizer (`tokenizer/files/`), trained by
 //! [`train`] from text the project generates, in Hugging Face directory form so Python tools
 //! (GuideLLM, `transformers`, the peer routers) load the very same files.
+//!
+//! Long prompts are tokenized incrementally and still exactly: [`chunk`] cuts them where the
+//! two sides provably tokenize independently and caches each chunk's ids (bounded in bytes),
+//! so a prompt repeating most of an earlier one costs little more than its new text, and the
+//! work is linear in the prompt's length whatever it contains.
 
+pub mod chunk;
+pub mod conversation;
 pub mod train;
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use minijinja::{Environment, ErrorKind};
 use serde_json::{Map, Value};
-use tokenizers::Tokenizer;
+use tokenizers::{Encoding, Tokenizer};
 
 /// The default tokenizer directory (committed in the repository), relative to the workspace.
 pub const DEFAULT_TOKENIZER_DIR: &str = "tokenizer/files";
@@ -46,31 +52,55 @@ pub enum TokenizerError {
     /// Encoding or decoding failed.
     #[error("tokenizer error: {0}")]
     Encode(String),
+    /// The messages cannot be parsed the way the engine parses them (a client error).
+    #[error("{0}")]
+    Conversation(String),
 }
 
-/// Caches the tokens of long text segments between special tokens.
-///
-/// Hugging Face tokenizers split the input at added special tokens before normalising and
-/// pre-tokenizing, so with no normalizer and a byte-level pre-tokenizer the tokens of a
-/// rendered chat prompt are the concatenation of each segment's tokens. A 16k-token system
-/// prompt shared by many requests is then tokenized once. Only segments of at least
-/// [`SEGMENT_MIN_BYTES`] are cached; the cache empties itself past [`SEGMENT_CACHE_TOKENS`].
-/// The first [`SEGMENT_VERIFY`] cached encodes are checked against a full encode, and any
-/// mismatch disables the cache for good.
-struct SegmentCache {
-    specials: Vec<(String, u32)>,
-    map: HashMap<u64, Arc<Vec<u32>>>,
-    tokens: usize,
-    verified: usize,
-    enabled: bool,
-}
-
-/// Segments shorter than this are tokenized directly.
-pub const SEGMENT_MIN_BYTES: usize = 2048;
-/// Token budget of the segment cache.
-pub const SEGMENT_CACHE_TOKENS: usize = 4_000_000;
-/// Cached encodes verified against a full encode.
+/// Prompts shorter than this (bytes) are encoded whole, without the chunk cache.
+pub const SEGMENT_MIN_BYTES: usize = 1024;
+/// Chunked encodes compared with a full encode (a safety net: any mismatch turns chunking
+/// off for good, and the full encode is returned).
 pub const SEGMENT_VERIFY: usize = 32;
+
+/// Counters of the incremental (chunked) tokenization, for tests and monitoring.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Chunking scheme in use, or why prompts are encoded whole (`"off: ..."`).
+    pub scheme: String,
+    /// Prompts encoded through the chunked path.
+    pub requests: u64,
+    /// Long prompts encoded whole anyway (a stretch longer than [`chunk::MAX_SAFE_CHUNK`]
+    /// without a valid cut).
+    pub whole: u64,
+    /// Chunks those prompts were cut into.
+    pub chunks: u64,
+    /// Chunks found in the cache.
+    pub hits: u64,
+    /// Chunks encoded (not in the cache).
+    pub misses: u64,
+    /// Bytes handed to the underlying encoder by the chunked path.
+    pub encoded_bytes: u64,
+    /// Candidate cut positions examined (at most one per prompt byte).
+    pub scan_steps: u64,
+    /// Chunked encodes compared with a full encode.
+    pub verified: u64,
+    /// Entries in the cache.
+    pub entries: usize,
+    /// Bytes the cache accounts for (texts, ids, bookkeeping).
+    pub bytes: usize,
+    /// Byte budget of the cache.
+    pub budget: usize,
+    /// Entries dropped to stay within the budget.
+    pub evictions: u64,
+}
+
+/// The chunk cache and its counters.
+struct ChunkState {
+    cache: chunk::ChunkCache,
+    enabled: bool,
+    stats: CacheStats,
+}
 
 /// A loaded tokenizer with its chat template and special tokens.
 pub struct EngineTokenizer {
@@ -82,7 +112,9 @@ pub struct EngineTokenizer {
     /// exactly one token each, so streamed text and token counts agree for every client.
     output_vocab: Arc<Vec<u32>>,
     eos_token_id: Option<u32>,
-    segments: Mutex<SegmentCache>,
+    /// How prompts are cut for the chunk cache, or why they are not.
+    scheme: Result<chunk::Scheme, &'static str>,
+    chunks: Mutex<ChunkState>,
 }
 
 impl std::fmt::Debug for EngineTokenizer {
@@ -160,47 +192,84 @@ impl EngineTokenizer {
         };
         let eos_token_id = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t));
         let output_vocab = Arc::new(word_tokens(&tokenizer));
-        // Segment caching is only exact when nothing looks across special-token boundaries.
-        let byte_level = matches!(tokenizer.get_pre_tokenizer(), Some(tokenizers::PreTokenizerWrapper::ByteLevel(_)));
-        let mut specials: Vec<(String, u32)> = tokenizer
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, t)| t.special)
-            .map(|(id, t)| (t.content, id))
-            .collect();
-        specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
-        let enabled = byte_level && tokenizer.get_normalizer().is_none() && !specials.is_empty();
-        let segments = Mutex::new(SegmentCache { specials, map: HashMap::new(), tokens: 0, verified: 0, enabled });
-        Ok(EngineTokenizer { tokenizer, env, bos_token, eos_token, output_vocab, eos_token_id, segments })
+        let scheme = chunk::Scheme::detect(&tokenizer);
+        let stats = CacheStats {
+            scheme: match &scheme {
+                Ok(s) => s.name.to_owned(),
+                Err(why) => format!("off: {why}"),
+            },
+            budget: chunk::DEFAULT_CACHE_BYTES,
+            ..CacheStats::default()
+        };
+        let chunks = Mutex::new(ChunkState {
+            cache: chunk::ChunkCache::new(chunk::DEFAULT_CACHE_BYTES),
+            enabled: scheme.is_ok(),
+            stats,
+        });
+        Ok(EngineTokenizer { tokenizer, env, bos_token, eos_token, output_vocab, eos_token_id, scheme, chunks })
     }
 
     /// The same tokenizer with another chat template (a worker set's `chatTemplate` override).
     pub fn with_chat_template(self, template: String) -> Result<EngineTokenizer, TokenizerError> {
+        let budget = self.lock_chunks().cache.budget;
         EngineTokenizer::new(self.tokenizer, Some(template), self.bos_token, self.eos_token)
+            .map(|t| t.with_cache_bytes(budget))
+    }
+
+    /// The same tokenizer with a chunk cache of `bytes` (0 turns caching off; prompts are
+    /// still cut and encoded chunk by chunk). The default is [`chunk::DEFAULT_CACHE_BYTES`].
+    pub fn with_cache_bytes(self, bytes: usize) -> EngineTokenizer {
+        {
+            let mut c = self.lock_chunks();
+            c.cache.set_budget(bytes);
+            c.stats.budget = bytes;
+        }
+        self
+    }
+
+    /// Counters of the chunked tokenization and the chunk cache.
+    pub fn cache_stats(&self) -> CacheStats {
+        let c = self.lock_chunks();
+        CacheStats { entries: c.cache.len(), bytes: c.cache.bytes, evictions: c.cache.evictions, ..c.stats.clone() }
+    }
+
+    fn lock_chunks(&self) -> std::sync::MutexGuard<'_, ChunkState> {
+        // The state stays consistent whatever panicked while holding the lock.
+        self.chunks.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Encodes a completion prompt (special tokens added, as vLLM does for `/v1/completions`).
+    ///
+    /// Long prompts are cut into chunks at points where tokenizing each side separately
+    /// provably gives the same ids (see [`chunk`]), and each chunk's ids come from
+    /// (or go into) a byte-bounded cache, so a prompt sharing most of its text with an
+    /// earlier one costs little more than its new part. The ids are exactly those of a full
+    /// encode; tokenizer configurations the scheme cannot prove exact are encoded whole.
     pub fn encode_prompt(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let cacheable = text.len() >= SEGMENT_MIN_BYTES
-            && (!add_special_tokens || self.tokenizer.get_post_processor().is_none())
-            && self.segments.lock().is_ok_and(|c| c.enabled);
-        if cacheable {
-            let ids = self.encode_segmented(text)?;
-            let verify = self.segments.lock().is_ok_and(|c| c.verified < SEGMENT_VERIFY);
-            if verify {
-                let full = self.encode_full(text, add_special_tokens)?;
-                if let Ok(mut c) = self.segments.lock() {
-                    c.verified += 1;
-                    if full != ids {
-                        c.enabled = false;
-                        c.map.clear();
-                    }
-                }
-                return Ok(full);
-            }
-            return Ok(ids);
+        let Ok(scheme) = &self.scheme else {
+            return self.encode_full(text, add_special_tokens);
+        };
+        if text.len() < SEGMENT_MIN_BYTES || !self.lock_chunks().enabled {
+            return self.encode_full(text, add_special_tokens);
         }
-        self.encode_full(text, add_special_tokens)
+        let ids = self.encode_chunked(scheme, text, add_special_tokens)?;
+        let verify = {
+            let mut c = self.lock_chunks();
+            let verify = c.stats.verified < SEGMENT_VERIFY as u64;
+            c.stats.verified += u64::from(verify);
+            verify
+        };
+        if verify {
+            let full = self.encode_full(text, add_special_tokens)?;
+            if full != ids {
+                let mut c = self.lock_chunks();
+                c.enabled = false;
+                c.cache.clear();
+                c.stats.scheme = "off: a chunked encode differed from the full encode".into();
+            }
+            return Ok(full);
+        }
+        Ok(ids)
     }
 
     fn encode_full(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
@@ -210,56 +279,78 @@ impl EngineTokenizer {
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
-    /// Splits at special tokens; long plain segments come from (or go into) the cache.
-    fn encode_segmented(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let specials = self.segments.lock().map(|c| c.specials.clone()).unwrap_or_default();
-        let mut out = Vec::new();
-        let mut rest = text;
-        loop {
-            let next = specials
-                .iter()
-                .filter_map(|(s, id)| rest.find(s.as_str()).map(|p| (p, s.len(), *id)))
-                .min_by_key(|(p, len, _)| (*p, usize::MAX - len));
-            let (plain, special) = match next {
-                Some((p, len, id)) => (&rest[..p], Some((id, p + len))),
-                None => (rest, None),
-            };
-            if !plain.is_empty() {
-                out.extend(self.segment(plain)?.iter());
-            }
-            match special {
-                Some((id, end)) => {
-                    out.push(id);
-                    rest = &rest[end..];
-                }
-                None => return Ok(out),
-            }
-        }
+    /// Ids of one chunk (no special tokens added; offsets are not needed).
+    fn encode_chunk(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
-    fn segment(&self, plain: &str) -> Result<Arc<Vec<u32>>, TokenizerError> {
-        if plain.len() < SEGMENT_MIN_BYTES {
-            return self.encode_full(plain, false).map(Arc::new);
+    /// Cuts `text`, takes each chunk's ids from the cache or encodes it, and concatenates.
+    fn encode_chunked(
+        &self,
+        scheme: &chunk::Scheme,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut scan_steps = 0;
+        let ends = scheme.cuts(text, &mut scan_steps);
+        let pieces: Vec<&str> =
+            std::iter::once(0).chain(ends.iter().copied()).zip(&ends).map(|(a, &b)| &text[a..b]).collect();
+        if pieces.iter().any(|p| p.len() > chunk::MAX_SAFE_CHUNK) {
+            let mut c = self.lock_chunks();
+            c.stats.whole += 1;
+            c.stats.scan_steps += scan_steps;
+            drop(c);
+            return self.encode_full(text, add_special_tokens);
         }
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            plain.hash(&mut h);
-            h.finish()
-        };
-        if let Some(hit) = self.segments.lock().ok().and_then(|c| c.map.get(&key).cloned()) {
-            return Ok(hit);
-        }
-        let ids = Arc::new(self.encode_full(plain, false)?);
-        if let Ok(mut c) = self.segments.lock() {
-            if c.tokens + ids.len() > SEGMENT_CACHE_TOKENS {
-                c.map.clear();
-                c.tokens = 0;
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let (mut hits, mut misses, mut encoded_bytes) = (0u64, 0u64, 0u64);
+        let keys: Vec<u64> = pieces.iter().map(|p| chunk::chunk_hash(p.as_bytes())).collect();
+        let mut run: Vec<Arc<[u32]>> = Vec::new();
+        let mut i = 0;
+        while i < pieces.len() {
+            // Consecutive hits under one lock; their ids are copied out after it.
+            {
+                let mut c = self.lock_chunks();
+                while let Some(&piece) = pieces.get(i) {
+                    match c.cache.get(keys[i], piece) {
+                        Some(ids) => run.push(ids),
+                        None => break,
+                    }
+                    i += 1;
+                }
             }
-            c.tokens += ids.len();
-            c.map.insert(key, ids.clone());
+            hits += run.len() as u64;
+            for ids in run.drain(..) {
+                out.extend_from_slice(&ids);
+            }
+            let Some(&piece) = pieces.get(i) else { break };
+            let ids = self.encode_chunk(piece)?;
+            out.extend_from_slice(&ids);
+            misses += 1;
+            encoded_bytes += piece.len() as u64;
+            self.lock_chunks().cache.insert(keys[i], piece, ids.into());
+            i += 1;
         }
-        Ok(ids)
+        {
+            let mut c = self.lock_chunks();
+            c.stats.requests += 1;
+            c.stats.chunks += ends.len() as u64;
+            c.stats.hits += hits;
+            c.stats.misses += misses;
+            c.stats.encoded_bytes += encoded_bytes;
+            c.stats.scan_steps += scan_steps;
+        }
+        if add_special_tokens && scheme.post_process {
+            // Shaped exactly as `encode_fast` hands a sequence to the post-processor.
+            let enc: Encoding = out.into_iter().map(|id| (id, String::new(), (0, 0), None, 0)).collect();
+            let enc =
+                self.tokenizer.post_process(enc, None, true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+            return Ok(enc.get_ids().to_vec());
+        }
+        Ok(out)
     }
 
     /// Renders the chat template for `messages` (OpenAI message objects).
@@ -276,7 +367,8 @@ impl EngineTokenizer {
         if let Some(kw) = template_kwargs {
             ctx.extend(kw.clone());
         }
-        ctx.insert("messages".into(), Value::Array(messages.iter().map(normalize_message).collect()));
+        let parsed = conversation::conversation(messages).map_err(TokenizerError::Conversation)?;
+        ctx.insert("messages".into(), Value::Array(parsed.iter().map(normalize_message).collect()));
         ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt && !continue_final_message));
         ctx.insert("bos_token".into(), self.bos_token.clone().map_or(Value::String(String::new()), Value::String));
         ctx.insert("eos_token".into(), self.eos_token.clone().map_or(Value::String(String::new()), Value::String));
@@ -432,9 +524,9 @@ mod tests {
     }
 
     #[test]
-    fn segment_cache_matches_full_encoding() {
+    fn chat_prompts_reuse_cached_chunks_and_match_full_encoding() {
         let t = shipped();
-        assert!(t.segments.lock().expect("lock").enabled, "the shipped tokenizer is byte-level without normalizer");
+        assert_eq!(t.cache_stats().scheme, "byte-level BPE, GPT-2 regex");
         let long: String = (0..900).map(|i| format!("word{} café 東京 {{\"k\": {i}}} ", i % 17)).collect();
         for i in 0..(SEGMENT_VERIFY + 10) {
             let msgs = [
@@ -445,8 +537,10 @@ mod tests {
             let cached = t.encode_prompt(&text, false).expect("encodes");
             assert_eq!(cached, t.encode_full(&text, false).expect("encodes"), "request {i}");
         }
-        let c = t.segments.lock().expect("lock");
-        assert!(c.enabled && c.verified == SEGMENT_VERIFY && !c.map.is_empty());
+        let s = t.cache_stats();
+        assert_eq!(s.verified, SEGMENT_VERIFY as u64);
+        assert_eq!(s.scheme, "byte-level BPE, GPT-2 regex", "no mismatch turned chunking off");
+        assert!(s.entries > 0 && s.hits > s.misses, "{s:?}");
     }
 
     #[test]
