@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Permit;
@@ -66,6 +66,9 @@ impl Default for RelayLimits {
         RelayLimits { timeouts: UpstreamTimeouts::default(), ping_interval: Duration::from_secs(10) }
     }
 }
+
+/// A write carries at most about this many bytes of events that were ready together.
+const COALESCE_BYTES: usize = 16 * 1024;
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -163,7 +166,12 @@ struct Pump {
 }
 
 impl Pump {
+    /// The next step, waiting for it (with the idle timeout, pings and the drain deadline).
     async fn next(&mut self, ping: bool) -> Step {
+        // Fast path: an event that is already there costs no timer and no wake-up.
+        if let Some(item) = self.stream.next().now_or_never() {
+            return self.on_item(item);
+        }
         let idle_deadline = self.last_event + self.limits.timeouts.idle;
         let wait = if ping {
             idle_deadline.min(tokio::time::Instant::now() + self.limits.ping_interval)
@@ -189,19 +197,34 @@ impl Pump {
                     "the upstream stopped sending",
                 ))
             }
-            Ok(None) if self.finished => {
+            Ok(item) => self.on_item(item),
+        }
+    }
+
+    /// A step that is ready now, if any (events the upstream delivered together are rendered
+    /// into one write).
+    fn ready(&mut self) -> Option<Step> {
+        if self.expired.is_cancelled() {
+            return None;
+        }
+        self.stream.next().now_or_never().map(|item| self.on_item(item))
+    }
+
+    fn on_item(&mut self, item: Option<Result<Event, GatewayError>>) -> Step {
+        match item {
+            None if self.finished => {
                 self.dispatch.end(Outcome::Completed);
                 Step::Done
             }
-            Ok(None) => {
+            None => {
                 self.dispatch.end(Outcome::Failed);
                 Step::Failed(GatewayError::upstream("the upstream ended the stream before completion"))
             }
-            Ok(Some(Err(e))) => {
+            Some(Err(e)) => {
                 self.dispatch.end(Outcome::Failed);
                 Step::Failed(e)
             }
-            Ok(Some(Ok(event))) => {
+            Some(Ok(event)) => {
                 self.last_event = tokio::time::Instant::now();
                 if let Some(d) = self.dispatch.get() {
                     match &event {
@@ -285,26 +308,35 @@ fn stream_response(
         if let Renderer::Anthropic(r) = &mut renderer {
             r.start(&mut out);
         }
+        let mut step = Some(pump.next(dialect == Dialect::Anthropic).await);
         loop {
-            let ended = match pump.next(dialect == Dialect::Anthropic).await {
-                Step::Event(e) => {
-                    renderer.event(&e, &mut out);
-                    false
+            let mut ended = false;
+            // Render the awaited step and every step that is ready right behind it into one write.
+            while let Some(s) = step.take() {
+                ended = match s {
+                    Step::Event(e) => {
+                        renderer.event(&e, &mut out);
+                        false
+                    }
+                    Step::Ping => {
+                        anthropic::StreamRenderer::ping(&mut out);
+                        false
+                    }
+                    Step::Done => {
+                        renderer.finish(&mut out);
+                        true
+                    }
+                    Step::Failed(e) => {
+                        tracing::warn!(error = %e, "stream ended with an error");
+                        out.push_str(&e.sse_event(dialect));
+                        true
+                    }
+                };
+                if ended || out.len() >= COALESCE_BYTES {
+                    break;
                 }
-                Step::Ping => {
-                    anthropic::StreamRenderer::ping(&mut out);
-                    false
-                }
-                Step::Done => {
-                    renderer.finish(&mut out);
-                    true
-                }
-                Step::Failed(e) => {
-                    tracing::warn!(error = %e, "stream ended with an error");
-                    out.push_str(&e.sse_event(dialect));
-                    true
-                }
-            };
+                step = pump.ready();
+            }
             if !out.is_empty() && tx.send(Ok(Bytes::from(std::mem::take(&mut out)))).await.is_err() {
                 // The client went away; dropping the pump cancels the upstream request.
                 return;
@@ -312,6 +344,7 @@ fn stream_response(
             if ended {
                 return;
             }
+            step = Some(pump.next(dialect == Dialect::Anthropic).await);
         }
     });
     let guard = AbortOnDrop(task);
