@@ -8,12 +8,13 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dynamo_kv_router::protocols::WorkerWithDpRank;
 use dynamo_kv_router::zmq_wire::{ZmqEventNormalizer, decode_event_batch};
-use switchyard_core::decide;
 use switchyard_core::fleet::{FleetConfig, Pool, PublicModel, WorkerSet};
 use switchyard_core::money::MicroUsd;
 use switchyard_core::predictor::TtftModel;
-use switchyard_core::request::{RequestFeatures, WorkerKey};
-use switchyard_core::snapshot::{FleetSnapshot, WorkerState};
+use switchyard_core::request::WorkerKey;
+use switchyard_core::snapshot::FleetSnapshot;
+use switchyard_gateway::request::{Dialect, Prompt, TextPrompt};
+use switchyard_gateway::{InferenceRequest, plan};
 use switchyard_sim::engine::KvEvent;
 use switchyard_sim::wire::{WireFormat, encode_batch};
 use switchyard_spoke::index::KvIndex;
@@ -61,18 +62,21 @@ fn filled_index() -> KvIndex {
 fn fleet() -> (FleetConfig, FleetSnapshot) {
     let mut cfg = FleetConfig::default();
     let workers: Vec<String> = (1..=WORKERS).map(|w| format!("w{w}")).collect();
-    let mut snap = FleetSnapshot::default();
-    for (i, w) in workers.iter().enumerate() {
-        snap.workers.insert(
-            WorkerKey { worker_set: "set".into(), worker: w.clone() },
-            WorkerState {
-                waiting_requests: (i % 4) as u32,
-                running_requests: (i % 9) as u32,
-                kv_cache_usage_percent: (i % 80) as f64,
-                ..WorkerState::default()
-            },
-        );
-    }
+    let views: Vec<(WorkerKey, plan::WorkerView)> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let view = plan::WorkerView {
+                healthy: true,
+                engine_waiting: (i % 4) as u32,
+                engine_running: (i % 9) as u32,
+                kv_usage: (i % 80) as f64 / 100.0,
+                ..plan::WorkerView::default()
+            };
+            (WorkerKey { worker_set: "set".into(), worker: w.clone() }, view)
+        })
+        .collect();
+    let snap = plan::snapshot(views.iter().map(|(k, v)| (k.clone(), v)));
     cfg.worker_sets.insert(
         "set".into(),
         WorkerSet {
@@ -94,21 +98,22 @@ fn fleet() -> (FleetConfig, FleetSnapshot) {
 
 /// One routing decision as the spoke makes it after tokenisation: block hashes, index lookup,
 /// snapshot + cached tokens, policy engine.
-fn route(index: &KvIndex, cfg: &FleetConfig, snap: &FleetSnapshot, tokens: &[u32], n: u64) -> bool {
+fn route(
+    index: &KvIndex,
+    cfg: &FleetConfig,
+    snap: &FleetSnapshot,
+    req: &InferenceRequest,
+    tokens: &[u32],
+    n: u64,
+) -> bool {
     let hashes = index.hashes(tokens);
     let overlaps = index.overlaps(&hashes);
     let cached: BTreeMap<WorkerKey, u32> = overlaps
         .iter()
         .map(|(w, b)| (WorkerKey { worker_set: "set".into(), worker: format!("w{w}") }, b * BLOCK))
         .collect();
-    let req = RequestFeatures {
-        model: "m".into(),
-        prompt_tokens: tokens.len() as u32,
-        cached_tokens: cached,
-        tie_breaker: n,
-        ..RequestFeatures::default()
-    };
-    matches!(decide(cfg, snap, &req).outcome, switchyard_core::Outcome::Route { .. })
+    let features = plan::features(req, tokens.len() as u32, cached, n);
+    matches!(plan::plan(cfg, snap, &features).outcome, switchyard_core::Outcome::Route { .. })
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -121,18 +126,19 @@ fn bench_decision(c: &mut Criterion) {
     let index = filled_index();
     rt.block_on(index.flush());
     let (cfg, snap) = fleet();
+    let req = InferenceRequest::new(Dialect::OpenAi, "m", Prompt::Text(TextPrompt::Tokens(Vec::new())));
     // A request sharing 700 of its 1,000 blocks with sequence 7 (on worker 8).
     let mut tokens = seq_tokens(7);
     for t in tokens.iter_mut().skip(700 * BLOCK as usize) {
         *t += 1;
     }
-    assert!(route(&index, &cfg, &snap, &tokens, 0));
+    assert!(route(&index, &cfg, &snap, &req, &tokens, 0));
     assert_eq!(index.indexed_overlap(8, &index.hashes(&tokens)), 700, "the index holds the sequence");
     // p50/p99 over individually timed decisions (criterion reports the mean distribution).
     let mut samples: Vec<f64> = (0..2_000)
         .map(|n| {
             let t = Instant::now();
-            black_box(route(&index, &cfg, &snap, &tokens, n));
+            black_box(route(&index, &cfg, &snap, &req, &tokens, n));
             t.elapsed().as_secs_f64() * 1e6
         })
         .collect();
@@ -145,7 +151,7 @@ fn bench_decision(c: &mut Criterion) {
     c.bench_function("spoke/decision-1e6-blocks-64-workers", |b| {
         b.iter(|| {
             n += 1;
-            route(&index, &cfg, &snap, &tokens, n)
+            route(&index, &cfg, &snap, &req, &tokens, n)
         })
     });
 }

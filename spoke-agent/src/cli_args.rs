@@ -26,6 +26,9 @@ pub struct LimitArgs {
     /// Longest silence, in seconds, between two events of a worker's stream.
     #[arg(long, default_value_t = 120)]
     pub upstream_idle_seconds: u64,
+    /// Largest KV-event message, bytes, accepted from a worker's ZMQ sockets.
+    #[arg(long, default_value_t = crate::kv_subscriber::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_kv_message_bytes: u64,
     /// Seconds in-flight streams may run after SIGTERM before they are ended.
     #[arg(long, default_value_t = 30)]
     pub drain_seconds: u64,
@@ -42,6 +45,7 @@ impl LimitArgs {
         l.front.relay.timeouts.idle = Duration::from_secs(self.upstream_idle_seconds);
         l.serve.header_read = Duration::from_secs(self.header_read_seconds);
         l.serve.drain = Duration::from_secs(self.drain_seconds);
+        l.max_kv_message_bytes = self.max_kv_message_bytes;
         l
     }
 }

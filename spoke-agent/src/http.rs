@@ -67,6 +67,9 @@ pub struct Limits {
     pub bounds: ResponseBounds,
     /// Threads for tokenization and large-body parsing (0: one per core).
     pub cpu_threads: usize,
+    /// Largest KV-event message accepted from a worker (ZMQ frames are checked before the
+    /// decoder allocates).
+    pub max_kv_message_bytes: u64,
 }
 
 impl Default for Limits {
@@ -78,6 +81,7 @@ impl Default for Limits {
             render_timeout: Duration::from_secs(10),
             bounds: ResponseBounds::default(),
             cpu_threads: 0,
+            max_kv_message_bytes: crate::kv_subscriber::DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }

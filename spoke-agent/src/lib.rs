@@ -125,7 +125,7 @@ impl Spoke {
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| StartError::Client(e.to_string()))?;
-        let registry = Arc::new(Registry::new(client.clone(), shutdown.child_token()));
+        let registry = Arc::new(Registry::new(client.clone(), shutdown.child_token(), cfg.limits.max_kv_message_bytes));
         registry.reconcile(&topo).await;
         let (tx, rx) = watch::channel(topo);
         let status = Arc::new(Mutex::new(SourceStatus { generation: 1, last_error: None }));

@@ -68,12 +68,15 @@ pub struct Registry {
     state: RwLock<State>,
     client: reqwest::Client,
     shutdown: CancellationToken,
+    /// Largest KV-event message accepted from a worker.
+    max_kv_message_bytes: u64,
 }
 
 impl Registry {
-    /// An empty registry; tasks stop when `shutdown` fires.
-    pub fn new(client: reqwest::Client, shutdown: CancellationToken) -> Registry {
-        Registry { state: RwLock::new(State::default()), client, shutdown }
+    /// An empty registry; tasks stop when `shutdown` fires; KV-event messages above
+    /// `max_kv_message_bytes` drop the worker's event connection.
+    pub fn new(client: reqwest::Client, shutdown: CancellationToken, max_kv_message_bytes: u64) -> Registry {
+        Registry { state: RwLock::new(State::default()), client, shutdown, max_kv_message_bytes }
     }
 
     /// A worker by key.
@@ -205,7 +208,7 @@ impl Registry {
                 endpoint: endpoint.clone(),
                 replay: ep.kv_replay.clone(),
                 topic: ep.topic.clone(),
-                max_message_bytes: kv_subscriber::DEFAULT_MAX_MESSAGE_BYTES,
+                max_message_bytes: self.max_kv_message_bytes,
             };
             tasks.push(tokio::spawn(kv_subscriber::run(spec, index, kv.clone(), cancel.clone())));
         }
