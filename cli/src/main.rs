@@ -70,12 +70,7 @@ pub enum Exit {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let telemetry = switchyard_spoke::telemetry::init("warn");
     let result = match cli.command {
         Command::Validate(args) => validate::run(&args),
         Command::Explain(args) => explain::run(&args),
@@ -87,6 +82,7 @@ fn main() -> ExitCode {
         Command::Spoke(args) => up::run_spoke(&args),
         Command::Calibrate(args) => calibrate::run_all(&args),
     };
+    telemetry.shutdown();
     match result {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Invalid) => ExitCode::from(1),

@@ -88,3 +88,48 @@ def test_admin_endpoints_only_on_the_admin_listener(start_sim, start_spoke):
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 3
     trace = spoke.decision(ids[0])
     assert trace["id"] == ids[0] and "hello" not in json.dumps(trace), "traces carry counts, never prompt text"
+
+
+def test_request_spans_are_exported_over_otlp(start_sim, start_spoke, monkeypatch):
+    """With the standard OTLP endpoint variable set, each request's span reaches the collector
+    (OTLP/HTTP protobuf), carrying the request id and never the prompt text."""
+    import http.server
+    import socketserver
+
+    received = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            received.append((self.path, self.headers.get("content-type"), body))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        sim = start_sim()
+        spoke = start_spoke(spoke_config([sim]))
+        r = httpx.post(spoke.url + "/v1/chat/completions", timeout=30, json={
+            "model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "secret-prompt-text"}]})
+        assert r.status_code == 200
+        request_id = r.headers["request-id"]
+        spoke.stop()  # SIGTERM: the exporter flushes on the way out
+        assert spoke.proc.returncode == 0
+        deadline = time.time() + 10
+        while time.time() < deadline and not any(request_id.encode() in b for _, _, b in received):
+            time.sleep(0.1)
+        traces = [(p, t, b) for p, t, b in received if p == "/v1/traces"]
+        assert traces, received
+        assert all(t == "application/x-protobuf" for _, t, _ in traces)
+        body = b"".join(b for _, _, b in traces)
+        assert request_id.encode() in body and b"request" in body
+        assert b"secret-prompt-text" not in body
+    finally:
+        server.shutdown()

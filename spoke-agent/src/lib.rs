@@ -18,6 +18,7 @@ pub mod metric_names;
 pub mod metrics;
 pub mod registry;
 pub mod source;
+pub mod telemetry;
 pub mod tokenize;
 pub mod topology;
 

@@ -25,14 +25,17 @@ struct Args {
     limits: LimitArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let telemetry = switchyard_spoke::telemetry::init("info");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let result = rt.block_on(run(args));
+    drop(rt);
+    telemetry.shutdown();
+    result
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let limits = args.limits.limits();
     let spoke = Spoke::start(SpokeConfig {
         listen: args.listen,
