@@ -9,6 +9,7 @@
 //! - no single SSE event may exceed the configured size: a peer that sends an endless line
 //!   ends its stream with an error instead of growing a buffer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +17,7 @@ use eventsource_stream::Eventsource;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{ErrorKind, GatewayError};
 use crate::event::Event;
@@ -66,6 +67,10 @@ pub struct OpenAiUpstream {
     pub base_url: String,
     /// The model name the engine serves.
     pub served_model: String,
+    /// The body already rendered for this upstream (`upstream_body(req, served_model)`), when
+    /// the planner tokenized it: sending that very body keeps what was tokenized and what the
+    /// engine receives identical, and saves rendering it twice.
+    pub body: Option<Arc<Map<String, Value>>>,
     /// Response bounds.
     pub bounds: ResponseBounds,
 }
@@ -74,9 +79,12 @@ impl Upstream for OpenAiUpstream {
     fn send<'a>(&'a self, req: &'a InferenceRequest) -> BoxFuture<'a, Result<EventStream, SendError>> {
         Box::pin(async move {
             let path = if req.is_chat() { "/v1/chat/completions" } else { "/v1/completions" };
-            let body = openai::upstream_body(req, &self.served_model);
+            let body = match &self.body {
+                Some(b) => b.clone(),
+                None => Arc::new(openai::upstream_body(req, &self.served_model)),
+            };
             let response =
-                self.client.post(format!("{}{path}", self.base_url)).json(&body).send().await.map_err(|e| {
+                self.client.post(format!("{}{path}", self.base_url)).json(&*body).send().await.map_err(|e| {
                     if e.is_connect() {
                         SendError::Connect(e.to_string())
                     } else {

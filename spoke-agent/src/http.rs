@@ -116,6 +116,8 @@ pub struct SpokeBackend(pub Arc<App>);
 struct SetTokens {
     tokens: usize,
     hashes: Arc<Vec<LocalBlockHash>>,
+    /// The body that was tokenized, sent as it is to the set's workers.
+    body: Arc<Map<String, Value>>,
 }
 
 impl App {
@@ -135,13 +137,14 @@ impl App {
         Ok(sets)
     }
 
-    /// Tokens of `req` as the engines of `set` will compute them (`None`: no tokenizer).
+    /// Tokens of `req` as the engines of `set` will compute them, with the body they were
+    /// computed from (`None`: no tokenizer).
     async fn tokens_for(
         &self,
         topo: &Topology,
         set: &str,
         req: &InferenceRequest,
-    ) -> Result<Option<Vec<u32>>, GatewayError> {
+    ) -> Result<Option<(Vec<u32>, Arc<Map<String, Value>>)>, GatewayError> {
         let Some(rt) = self.registry.set(set) else { return Ok(None) };
         let Ok(tokenizer) = &rt.tokenizer else { return Ok(None) };
         let served = topo.fleet.worker_sets.get(set).map(|ws| ws.served_model.as_str()).unwrap_or(req.model.as_str());
@@ -155,10 +158,10 @@ impl App {
             .map(|w| w.endpoint.http_url.clone());
         let api = if req.is_chat() { Api::Chat } else { Api::Completion };
         match tokenizer
-            .tokens(api, body, &self.client, render_url.as_deref(), &self.cpu, self.limits.render_timeout)
+            .tokens(api, body.clone(), &self.client, render_url.as_deref(), &self.cpu, self.limits.render_timeout)
             .await
         {
-            Ok(t) => Ok(Some(t)),
+            Ok(t) => Ok(Some((t, body))),
             Err(TokenizeError::BadRequest(msg)) => Err(GatewayError::invalid(msg)),
             Err(TokenizeError::Unavailable(msg)) => {
                 tracing::warn!(worker_set = %set, error = %msg, "tokenization unavailable; routing this set by load");
@@ -187,7 +190,7 @@ impl Backend for SpokeBackend {
         let app = &self.0;
         let topo = app.topology.borrow().clone();
         for set in app.worker_sets(&topo, &req.model)? {
-            if let Some(tokens) = app.tokens_for(&topo, &set, &req).await? {
+            if let Some((tokens, _)) = app.tokens_for(&topo, &set, &req).await? {
                 return Ok(tokens.len() as u32);
             }
         }
@@ -205,7 +208,7 @@ impl Backend for SpokeBackend {
         let mut indexed_cached: HashMap<WorkerKey, u32> = HashMap::new();
         let mut prompt_tokens: Option<u32> = None;
         for name in &sets {
-            let Some(toks) = app.tokens_for(&topo, name, &req).await? else { continue };
+            let Some((toks, body)) = app.tokens_for(&topo, name, &req).await? else { continue };
             let Some(set) = app.registry.set(name) else { continue };
             prompt_tokens.get_or_insert(toks.len() as u32);
             let hashes = set.index.hashes(&toks);
@@ -219,7 +222,7 @@ impl Backend for SpokeBackend {
                 }
                 indexed_cached.insert(w.key.clone(), set.index.indexed_overlap(w.id, &hashes) * bs);
             }
-            per_set.insert(name.clone(), SetTokens { tokens: toks.len(), hashes: Arc::new(hashes) });
+            per_set.insert(name.clone(), SetTokens { tokens: toks.len(), hashes: Arc::new(hashes), body });
         }
 
         let features = plan::features(&req, prompt_tokens.unwrap_or(0), cached.clone(), request_no);
@@ -278,6 +281,7 @@ impl Backend for SpokeBackend {
                     client: app.client.clone(),
                     base_url: worker.endpoint.http_url.clone(),
                     served_model: served_model.clone(),
+                    body: per_set.get(&key.worker_set).map(|t| t.body.clone()),
                     bounds: app.limits.bounds,
                 },
                 app: app.clone(),

@@ -193,11 +193,7 @@ impl Spoke {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         // Servers first: in-flight streams still need their workers while draining.
-        let mut rest = Vec::new();
         for t in self.tasks {
-            rest.push(t);
-        }
-        for t in rest {
             let _ = t.await;
         }
         self.registry.shutdown().await;
