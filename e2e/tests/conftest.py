@@ -73,10 +73,10 @@ def free_port() -> int:
 
 @pytest.fixture
 def start_sim():
-    """Factory: start_sim(*extra_args, kv_events=True, workers=1) -> Sim."""
+    """Factory: start_sim(*extra_args, kv_events=True, workers=1, replay=True, topic="kv") -> Sim."""
     started = []
 
-    def start(*extra, kv_events=True, workers=1, replay=True):
+    def start(*extra, kv_events=True, workers=1, replay=True, topic="kv"):
         tmp = Path(tempfile.mkdtemp(prefix="sim-"))
         ready = tmp / "ready.json"
         args = [switchyard_bin(), "sim", "--port", "0", "--workers", str(workers), "--ready-file", str(ready),
@@ -84,7 +84,7 @@ def start_sim():
         if kv_events:
             # Explicit free ports: worker i uses base + 2i (events) and base + 1 + 2i (replay).
             base = free_port_pair(workers)
-            cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base}", "topic": "kv"}
+            cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base}", "topic": topic}
             if replay:
                 cfg["replay_endpoint"] = f"tcp://*:{base + 1}"
             args += ["--kv-events-config", json.dumps(cfg)]
@@ -129,7 +129,7 @@ def free_port_pair(workers: int) -> int:
 
 
 def spoke_config(sims, *, model="sim-model", tokenizer_source="Files", chat_template=None, policies="", worker_set="local",
-                 prefill_tokens_per_second=100_000):
+                 prefill_tokens_per_second=100_000, block_size=16):
     """YAML for a spoke fronting every worker of `sims` (one worker set)."""
     lines = []
     for sim in sims:
@@ -154,7 +154,7 @@ spec:
   endpoints:
     static:
 {chr(10).join(lines)}
-  kvBlockSize: 16
+  kvBlockSize: {block_size}
   capacity: {{prefillTokensPerSecond: {prefill_tokens_per_second}}}
   tokenizer:
 {tok}---

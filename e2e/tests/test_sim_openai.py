@@ -44,7 +44,7 @@ def test_errors_are_vllm_shaped(start_sim):
     assert "does not exist" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=sim.model, messages=[{"role": "user", "content": "x"}], max_tokens=10_000_000)
-    assert "maximum context length" in str(e.value)
+    assert "cannot be greater than max_model_len" in str(e.value)
 
 
 def ttft(c, sim, messages):

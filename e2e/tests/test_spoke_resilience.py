@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -211,7 +212,7 @@ def test_client_disconnect_cancels_the_engine_request(start_sim, start_spoke):
     # The spoke dropped its upstream request; the engine aborts it instead of generating 500 tokens.
     def aborted():
         text = httpx.get(sim.url + "/metrics").text
-        return 'finished_reason="abort"} 1.0' in text
+        return re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} 1\.0$', text, re.M) is not None
     assert wait_for(aborted, timeout=5)
     assert sim.state()["running"] == 0
 

@@ -180,8 +180,7 @@ impl Fleet {
         let mut tasks = Vec::new();
         for i in 0..cfg.workers.max(1) {
             let faults = Arc::new(Faults::default());
-            let metrics =
-                Arc::new(Metrics::new(&cfg.served_model_name, cfg.profile.block_size, cfg.profile.num_gpu_blocks));
+            let metrics = Arc::new(Metrics::new(&cfg.served_model_name, &cfg.profile));
             let (publisher_tx, kv_events, kv_replay) = match cfg.kv_events.as_ref().filter(|k| k.publishes()) {
                 Some(k) => {
                     let by = u16::try_from(2 * i).map_err(|_| StartError::Config("too many workers".into()))?;
@@ -222,6 +221,7 @@ impl Fleet {
                 model: cfg.served_model_name.clone(),
                 max_model_len: cfg.profile.max_model_len,
                 default_max_tokens: cfg.profile.default_max_tokens,
+                block_size: cfg.profile.block_size,
                 prompt_tokens_details: cfg.enable_prompt_tokens_details,
                 metrics,
                 faults,

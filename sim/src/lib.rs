@@ -22,6 +22,7 @@ pub mod publisher;
 pub mod runtime;
 pub mod server;
 pub mod tools;
+pub mod validation;
 pub mod wire;
 
 pub use fleet::{Fleet, KvEventsConfig, SimConfig, WorkerInfo};

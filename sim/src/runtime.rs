@@ -13,9 +13,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, EngineCounters, EngineStats, RequestId};
+use crate::engine::{Engine, EngineCounters, EngineStats, RequestId, TokenOut};
 use crate::faults::Faults;
-use crate::metrics::Metrics;
+use crate::metrics::{Hist, Metrics, Values};
 use crate::publisher::PublisherCommand;
 
 /// What a request's receiver gets.
@@ -122,11 +122,52 @@ impl WorkerHandle {
     }
 }
 
+/// A request in the engine, with what its metrics need (vLLM's request lifecycle: arrival,
+/// first scheduled, first token, last token).
 struct Live {
     out: mpsc::UnboundedSender<Emitted>,
     arrived: Instant,
+    /// Start of the step that first scheduled it (resumptions after preemption do not count).
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
     natural_stop: bool,
+    prompt_len: u32,
+    /// `max_tokens` as vLLM's sampling parameters would carry it.
+    max_tokens_param: u32,
+    generated: u32,
+    preemptions: u32,
+}
+
+impl Live {
+    /// Records the request-level histograms and the finish reason of a request that produced
+    /// its last token at `now`.
+    fn finished(self, now: Instant, cached_prompt_tokens: u32, m: &mut Values) {
+        let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+        let scheduled = self.scheduled.unwrap_or(self.arrived);
+        let first_token = self.first_token.unwrap_or(now);
+        let decode = secs(first_token, now);
+        m.observe(Hist::E2e, secs(self.arrived, now));
+        m.observe(Hist::QueueTime, secs(self.arrived, scheduled));
+        m.observe(Hist::PrefillTime, secs(scheduled, first_token));
+        m.observe(Hist::DecodeTime, decode);
+        m.observe(Hist::InferenceTime, secs(scheduled, now));
+        // The first token belongs to the prefill.
+        let tpot = if self.generated > 1 { decode / f64::from(self.generated - 1) } else { 0.0 };
+        m.observe(Hist::TimePerOutputToken, tpot);
+        m.observe(Hist::PromptTokens, f64::from(self.prompt_len));
+        m.observe(Hist::GenerationTokens, f64::from(self.generated));
+        m.observe(Hist::MaxNumGenerationTokens, f64::from(self.generated));
+        m.observe(Hist::ParamsN, 1.0);
+        m.observe(Hist::ParamsMaxTokens, f64::from(self.max_tokens_param));
+        m.observe(Hist::NumPreemptions, f64::from(self.preemptions));
+        m.observe(Hist::PrefillKvComputedTokens, f64::from(self.prompt_len.saturating_sub(cached_prompt_tokens)));
+        if self.natural_stop {
+            m.finished_stop += 1;
+        } else {
+            m.finished_length += 1;
+        }
+    }
 }
 
 /// Everything the loop needs besides the engine.
@@ -184,6 +225,16 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
         }
         let start = next_deadline.max(now);
         next_deadline = start + std::time::Duration::from_secs_f64(scaled_ms.max(0.0) / 1000.0);
+        for id in &out.admitted {
+            if let Some(l) = live.get_mut(id) {
+                l.scheduled.get_or_insert(start);
+            }
+        }
+        for id in &out.preempted_requests {
+            if let Some(l) = live.get_mut(id) {
+                l.preemptions += 1;
+            }
+        }
         loop {
             tokio::select! {
                 () = sleep_until(next_deadline) => break,
@@ -201,39 +252,60 @@ async fn run(mut engine: Engine, mut rx: mpsc::UnboundedReceiver<Command>, deps:
             let _ = publisher.send(PublisherCommand::Batch(out.events));
         }
         let now = Instant::now();
-        for t in &out.tokens {
-            let Some(l) = live.get_mut(&t.request) else { continue };
-            match l.last_token {
-                None => deps.metrics.observe_ttft((now - l.arrived).as_secs_f64()),
-                Some(prev) => deps.metrics.observe_itl((now - prev).as_secs_f64()),
-            }
-            l.last_token = Some(now);
-            let _ = l.out.send(Emitted::Token {
-                token: t.token,
-                index: t.index,
-                finished: t.finished,
-                cached_prompt_tokens: t.cached_prompt_tokens,
-            });
-            if t.finished
-                && let Some(l) = live.remove(&t.request)
-            {
-                deps.metrics.observe_e2e((now - l.arrived).as_secs_f64());
-                deps.metrics.update(|v| if l.natural_stop { v.finished_stop += 1 } else { v.finished_length += 1 });
-            }
-        }
         let stats = engine.stats();
         let c = engine.counters();
         deps.metrics.update(|v| {
+            deliver(&out.tokens, &mut live, now, v);
             v.running = stats.running;
             v.waiting = stats.waiting;
             v.kv_usage = stats.kv_usage;
             v.prefix_cache_queries = c.prefix_cache_queries;
             v.prefix_cache_hits = c.prefix_cache_hits;
-            v.prompt_tokens = c.prompt_tokens;
             v.generation_tokens = c.generation_tokens;
             v.preemptions = c.preemptions;
         });
     }
+}
+
+/// Hands a step's tokens to their requests and records the token-level metrics, and the
+/// request-level ones of the requests that finished.
+fn deliver(tokens: &[TokenOut], live: &mut HashMap<RequestId, Live>, now: Instant, m: &mut Values) {
+    if tokens.is_empty() {
+        return;
+    }
+    // vLLM's tokens per iteration: the generated tokens, plus the computed prompt tokens of
+    // the requests whose prefill completed in it.
+    let mut iteration_tokens = tokens.len() as u64;
+    for t in tokens {
+        let Some(l) = live.get_mut(&t.request) else { continue };
+        match l.last_token {
+            None => {
+                m.observe(Hist::Ttft, now.saturating_duration_since(l.arrived).as_secs_f64());
+                let cached = t.cached_prompt_tokens.min(l.prompt_len);
+                let computed = l.prompt_len - cached;
+                iteration_tokens += u64::from(computed);
+                m.prompt_tokens += u64::from(l.prompt_len);
+                m.prompt_tokens_computed += u64::from(computed);
+                m.prompt_tokens_cached += u64::from(cached);
+                l.first_token = Some(now);
+            }
+            Some(prev) => m.observe(Hist::Itl, now.saturating_duration_since(prev).as_secs_f64()),
+        }
+        l.last_token = Some(now);
+        l.generated += 1;
+        let _ = l.out.send(Emitted::Token {
+            token: t.token,
+            index: t.index,
+            finished: t.finished,
+            cached_prompt_tokens: t.cached_prompt_tokens,
+        });
+        if t.finished
+            && let Some(l) = live.remove(&t.request)
+        {
+            l.finished(now, t.cached_prompt_tokens, m);
+        }
+    }
+    m.observe(Hist::IterationTokens, iteration_tokens as f64);
 }
 
 /// Applies one command. `step_ends_at` is when the step in progress releases its tokens
@@ -247,8 +319,31 @@ fn handle(
 ) {
     match cmd {
         Command::Add { prompt, max_tokens, out, natural_stop, forced } => {
+            let prompt_len = prompt.len() as u32;
+            // vLLM fills in an absent `max_tokens` with the rest of the context; the simulator
+            // then stops at its fixed default instead (a forced output's budget is already
+            // the parameter's value).
+            let max_tokens_param = if natural_stop && forced.is_none() {
+                engine.profile().max_model_len.saturating_sub(prompt_len)
+            } else {
+                max_tokens
+            };
             let id = engine.add_request_with_output(prompt, max_tokens, forced);
-            live.insert(id, Live { out, arrived: Instant::now(), last_token: None, natural_stop });
+            live.insert(
+                id,
+                Live {
+                    out,
+                    arrived: Instant::now(),
+                    scheduled: None,
+                    first_token: None,
+                    last_token: None,
+                    natural_stop,
+                    prompt_len,
+                    max_tokens_param,
+                    generated: 0,
+                    preemptions: 0,
+                },
+            );
         }
         Command::Oracle { tokens, reply } => {
             // Only the clone happens here; stepping the copy runs on a blocking thread so an

@@ -43,6 +43,7 @@ use crate::faults::{FaultRequest, Faults};
 use crate::metrics::Metrics;
 use crate::runtime::{Emitted, WorkerHandle};
 use crate::tools::{self, ForcedCall, ToolStream};
+use crate::validation::{self, FieldError, Schema, lax_bool, lax_float, lax_int, py_float};
 use switchyard_tokenizer::{EngineTokenizer, TokenizerError};
 use tokio_util::sync::CancellationToken;
 
@@ -58,6 +59,8 @@ pub struct AppState {
     pub max_model_len: u32,
     /// Output length when `max_tokens` is absent.
     pub default_max_tokens: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
     /// `--enable-prompt-tokens-details`.
     pub prompt_tokens_details: bool,
     /// Metrics.
@@ -81,22 +84,43 @@ pub struct AppState {
 pub struct ApiError {
     status: StatusCode,
     message: String,
-    param: Option<&'static str>,
+    param: Option<String>,
+    /// The body's `type`; derived from the status unless set.
+    kind: Option<&'static str>,
 }
 
 impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), param: None, kind: None }
+    }
+
     fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: None }
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A failed parameter check (vLLM's second layer), naming the parameter.
+    fn bad_param(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param.to_owned()), ..ApiError::bad_request(message) }
+    }
+
+    /// Failed request-model checks (vLLM's first layer).
+    fn fields(errors: &[FieldError]) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: validation::message(errors),
+            param: errors.first().map(|e| e.loc.clone()),
+            kind: Some("Bad Request"),
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let kind = match self.status {
+        let kind = self.kind.unwrap_or(match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::NOT_FOUND => "NotFoundError",
             _ => "InternalServerError",
-        };
+        });
         let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status.as_u16()}});
         (self.status, axum::Json(body)).into_response()
     }
@@ -141,12 +165,20 @@ fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn parse_body(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_request("request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
+/// The body as a JSON object, checked against `schema`'s typed fields when one applies.
+fn parse_body(body: &Bytes, schema: Option<Schema>) -> Result<Map<String, Value>, ApiError> {
+    let map = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => m,
+        Ok(other) => return Err(ApiError::fields(&[validation::not_an_object(&other)])),
+        Err(e) => return Err(ApiError::fields(&[validation::json_error(body, &e)])),
+    };
+    if let Some(schema) = schema {
+        let errors = validation::check_fields(schema, &map);
+        if !errors.is_empty() {
+            return Err(ApiError::fields(&errors));
+        }
     }
+    Ok(map)
 }
 
 fn check_model(state: &AppState, body: &Map<String, Value>) -> Result<(), ApiError> {
@@ -154,9 +186,11 @@ fn check_model(state: &AppState, body: &Map<String, Value>) -> Result<(), ApiErr
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if *m == state.model => Ok(()),
         Some(m) => Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("The model `{}` does not exist.", m.as_str().unwrap_or(&m.to_string())),
-            param: Some("model"),
+            param: Some("model".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("The model `{}` does not exist.", m.as_str().unwrap_or(&m.to_string())),
+            )
         }),
     }
 }
@@ -164,20 +198,39 @@ fn check_model(state: &AppState, body: &Map<String, Value>) -> Result<(), ApiErr
 fn get_bool(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, ApiError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad_request(format!("`{key}` must be a boolean"))),
+        Some(v) => lax_bool(v).map_err(|(kind, msg)| {
+            ApiError::fields(&[FieldError { kind, loc: format!("body.{key}"), msg, input: validation::input_repr(v) }])
+        }),
     }
 }
 
-fn get_u32(body: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {
+fn get_int(body: &Map<String, Value>, key: &str) -> Result<Option<i64>, ApiError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request(format!("`{key}` must be a non-negative integer"))),
+        Some(v) => lax_int(v).map(Some).map_err(|(kind, msg)| {
+            ApiError::fields(&[FieldError { kind, loc: format!("body.{key}"), msg, input: validation::input_repr(v) }])
+        }),
     }
+}
+
+/// vLLM's sampling-parameter checks.
+fn check_sampling(body: &Map<String, Value>) -> Result<(), ApiError> {
+    let float = |k: &str| body.get(k).filter(|v| !v.is_null()).and_then(|v| lax_float(v).ok());
+    if let Some(t) = float("temperature").filter(|t| *t < 0.0) {
+        let t = py_float(t);
+        return Err(ApiError::bad_param(
+            "temperature",
+            format!("temperature must be non-negative, got {t}. (parameter=temperature, value={t})"),
+        ));
+    }
+    if let Some(p) = float("top_p").filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        let p = py_float(p);
+        return Err(ApiError::bad_param(
+            "top_p",
+            format!("top_p must be in (0, 1], got {p}. (parameter=top_p, value={p})"),
+        ));
+    }
+    Ok(())
 }
 
 /// Chat-template inputs of a chat request.
@@ -186,6 +239,11 @@ fn chat_tokens(state: &AppState, body: &Map<String, Value>, default_add_special:
         .get("messages")
         .and_then(Value::as_array)
         .ok_or_else(|| ApiError::bad_request("`messages` must be a list of messages"))?;
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "Cannot apply chat template to an empty conversation. Provide at least one message.",
+        ));
+    }
     if messages.iter().any(|m| !m.is_object() || m.get("role").and_then(Value::as_str).is_none()) {
         return Err(ApiError::bad_request("every message needs a string `role`"));
     }
@@ -217,7 +275,16 @@ fn chat_tokens(state: &AppState, body: &Map<String, Value>, default_add_special:
 /// Prompt tokens of a completion request (`prompt` as text or token ids).
 fn completion_tokens(state: &AppState, body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
     let add_special = get_bool(body, "add_special_tokens", true)?;
+    let missing = || {
+        ApiError::bad_param(
+            "prompt",
+            "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+        )
+    };
     match body.get("prompt") {
+        None | Some(Value::Null) => Err(missing()),
+        Some(Value::String(text)) if text.is_empty() => Err(missing()),
+        Some(Value::Array(items)) if items.is_empty() => Err(missing()),
         Some(Value::String(text)) => Ok(state.tokenizer.encode_prompt(text, add_special)?),
         Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
             Ok(state.tokenizer.encode_prompt(items[0].as_str().unwrap_or_default(), add_special)?)
@@ -237,32 +304,60 @@ fn completion_tokens(state: &AppState, body: &Map<String, Value>) -> Result<Vec<
 }
 
 /// Output length and whether it stands for a natural stop, after the context-length check.
-fn output_budget(state: &AppState, body: &Map<String, Value>, prompt_len: usize) -> Result<(u32, bool), ApiError> {
-    let requested = match get_u32(body, "max_completion_tokens")? {
+/// As vLLM: a prompt that fills the context is a 400; a `max_tokens` past the context is cut
+/// to what is left. Without `max_tokens`, completions get OpenAI's default of 16 tokens
+/// (finish `length`, as in vLLM); chat gets the profile's default length ending in a natural
+/// stop — vLLM would generate to the end of the context, which no simulated workload wants.
+fn output_budget(
+    state: &AppState,
+    body: &Map<String, Value>,
+    prompt_len: usize,
+    api: Api,
+) -> Result<(u32, bool), ApiError> {
+    let requested = match get_int(body, "max_completion_tokens")? {
         Some(n) => Some(n),
-        None => get_u32(body, "max_tokens")?,
+        None => get_int(body, "max_tokens")?,
     };
-    if requested == Some(0) {
-        return Err(ApiError::bad_request("max_tokens must be at least 1"));
+    if let Some(n) = requested.filter(|n| *n < 1) {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            format!("max_tokens must be at least 1, got {n}. (parameter=max_tokens, value={n})"),
+        ));
     }
     let limit = state.max_model_len as usize;
-    let too_long = |completion: usize| {
-        ApiError::bad_request(format!(
-            "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt_len} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.",
-            prompt_len + completion
-        ))
-    };
-    match requested {
-        Some(n) if prompt_len + n as usize > limit => Err(too_long(n as usize)),
-        Some(n) => Ok((n, false)),
-        None if prompt_len >= limit => Err(too_long(0)),
-        None => Ok((state.default_max_tokens.min((limit - prompt_len) as u32), true)),
+    if let Some(n) = requested.filter(|n| *n > limit as i64) {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            format!(
+                "max_tokens={n} cannot be greater than max_model_len={limit}. Please request fewer output tokens. (parameter=max_tokens, value={n})"
+            ),
+        ));
     }
+    if prompt_len >= limit {
+        // vLLM tokenizes at most limit + 1 tokens before it gives up.
+        let seen = prompt_len.min(limit + 1);
+        return Err(ApiError::bad_param(
+            "input_tokens",
+            format!(
+                "This model's maximum context length is {limit} tokens. However, your prompt contains at least {seen} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={seen})"
+            ),
+        ));
+    }
+    let room = (limit - prompt_len) as u32;
+    Ok(match (requested, api) {
+        (Some(n), _) => (u32::try_from(n).unwrap_or(u32::MAX).min(room), false),
+        (None, Api::Completion) => (COMPLETION_DEFAULT_MAX_TOKENS.min(room), false),
+        (None, Api::Chat) => (state.default_max_tokens.min(room), true),
+    })
 }
 
+/// `max_tokens` of a completion request that gives none (OpenAI's legacy default).
+const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
+
 fn check_n(body: &Map<String, Value>) -> Result<(), ApiError> {
-    match get_u32(body, "n")? {
+    match get_int(body, "n")? {
         None | Some(1) => Ok(()),
+        Some(n) if n < 1 => Err(ApiError::bad_request(format!("n must be at least 1, got {n}."))),
         Some(_) => Err(ApiError::bad_request("only n=1 is supported by the simulator")),
     }
 }
@@ -284,18 +379,41 @@ struct Generation {
     continuous_usage: bool,
     /// A forced tool call and its id.
     tool: Option<(ForcedCall, String)>,
+    /// The request offered tools: a text answer then says so with `tool_calls: []`.
+    offered_tools: bool,
 }
 
 impl Generation {
-    fn usage(&self, state: &AppState, completion: u32, cached: u32) -> Value {
-        let details =
-            if state.prompt_tokens_details && cached > 0 { json!({"cached_tokens": cached}) } else { Value::Null };
-        json!({
+    /// `usage` as vLLM sends it: in a response body with `prompt_tokens_details` (null unless
+    /// `--enable-prompt-tokens-details`) and `completion_tokens_details: null`; in a stream
+    /// without either null. Chat reports the prompt tokens this request newly cached
+    /// (`created_cache_tokens`), completions do not.
+    fn usage(&self, state: &AppState, completion: u32, cached: u32, streamed: bool) -> Value {
+        let mut usage = json!({
             "prompt_tokens": self.prompt_len,
             "total_tokens": self.prompt_len + completion,
             "completion_tokens": completion,
-            "prompt_tokens_details": details,
-        })
+        });
+        let created = (self.prompt_len / state.block_size.max(1) * state.block_size).saturating_sub(cached);
+        let details = match (state.prompt_tokens_details, self.api, streamed) {
+            (false, _, true) => None,
+            (false, _, false) => Some(Value::Null),
+            (true, Api::Chat, true) => Some(json!({"cached_tokens": cached, "created_cache_tokens": created})),
+            (true, Api::Chat, false) => {
+                Some(json!({"cached_tokens": cached, "created_cache_tokens": created, "multimodal_tokens": null}))
+            }
+            (true, Api::Completion, true) => Some(json!({"cached_tokens": cached})),
+            (true, Api::Completion, false) => {
+                Some(json!({"cached_tokens": cached, "created_cache_tokens": null, "multimodal_tokens": null}))
+            }
+        };
+        if let Some(d) = details {
+            usage["prompt_tokens_details"] = d;
+        }
+        if !streamed {
+            usage["completion_tokens_details"] = Value::Null;
+        }
+        usage
     }
 
     fn finish_reason(&self, finished: bool) -> Value {
@@ -308,7 +426,7 @@ impl Generation {
         }
     }
 
-    fn chunk(&self, model: &str, choice: Value, usage: Option<Value>) -> Bytes {
+    fn chunk_value(&self, model: &str, choice: Value, usage: Option<Value>) -> Value {
         let object = match self.api {
             Api::Chat => "chat.completion.chunk",
             Api::Completion => "text_completion",
@@ -318,8 +436,23 @@ impl Generation {
         if let Some(u) = usage {
             v["usage"] = u;
         }
-        Bytes::from(format!("data: {v}\n\n"))
+        v
     }
+}
+
+/// The assistant message of a chat response, with vLLM's always-present null fields.
+fn assistant_message(content: Value, tool_calls: Option<Vec<Value>>) -> Value {
+    let mut m = json!({"role": "assistant", "content": content, "refusal": null, "annotations": null, "audio": null,
+                       "function_call": null, "reasoning": null});
+    if let Some(calls) = tool_calls {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
+
+/// vLLM's `system_fingerprint`: its version and a per-process random part (here, per worker).
+fn system_fingerprint(state: &AppState) -> String {
+    format!("vllm-0.32.0-{:08x}", mix(state.seed ^ u64::from(state.worker_index) ^ 0xf1_9e4) as u32)
 }
 
 /// Output tokens and budget of a forced tool call: the JSON text's tokens and the
@@ -346,13 +479,10 @@ async fn generate(
     tool_request: Option<tools::ToolRequest>,
 ) -> Result<Response, ApiError> {
     check_n(&body)?;
-    let (max_tokens, natural_stop) = output_budget(&state, &body, prompt.len())?;
+    check_sampling(&body)?;
+    let (max_tokens, natural_stop) = output_budget(&state, &body, prompt.len(), api)?;
     if state.faults.take_fail_request() {
-        return Err(ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "injected failure".into(),
-            param: None,
-        });
+        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "injected failure"));
     }
     let stream = get_bool(&body, "stream", false)?;
     if let Some(guard) = state.faults.take_stall() {
@@ -391,12 +521,12 @@ async fn generate(
         include_usage,
         continuous_usage,
         tool,
+        offered_tools: body.get("tools").is_some_and(Value::is_array),
     };
-    let rx = state.worker.submit_with_output(prompt, max_tokens, natural_stop, output).map_err(|e| ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: e.to_string(),
-        param: None,
-    })?;
+    let rx = state
+        .worker
+        .submit_with_output(prompt, max_tokens, natural_stop, output)
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     if stream { Ok(stream_response(state, generation, rx)) } else { collect_response(state, generation, rx).await }
 }
 
@@ -435,16 +565,12 @@ async fn collect_response(
         }
     }
     if !finished {
-        return Err(ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "generation aborted".into(),
-            param: None,
-        });
+        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "generation aborted"));
     }
     let text = state.tokenizer.decode(&tokens, true)?;
-    let usage = generation.usage(&state, tokens.len() as u32, cached);
+    let usage = generation.usage(&state, tokens.len() as u32, cached, false);
     let message = match &generation.tool {
-        None => json!({"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []}),
+        None => assistant_message(json!(text), generation.offered_tools.then(Vec::new)),
         Some((call, call_id)) => {
             // vLLM parses the generated text: a named call's arguments are the text itself; a
             // "required" array that does not parse (cut by max_tokens) yields no calls.
@@ -458,20 +584,24 @@ async fn collect_response(
                 .map(|a| json!({"id": call_id, "type": "function", "function": {"name": call.name, "arguments": a}}))
                 .into_iter()
                 .collect();
-            json!({"role": "assistant", "content": "", "reasoning_content": null, "tool_calls": calls})
+            assistant_message(json!(""), Some(calls))
         }
     };
     let body = match generation.api {
         Api::Chat => json!({
             "id": generation.id, "object": "chat.completion", "created": generation.created, "model": state.model,
-            "choices": [{"index": 0, "message": message,
-                         "logprobs": null, "finish_reason": generation.finish_reason(true), "stop_reason": null}],
-            "usage": usage, "prompt_logprobs": null,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": generation.finish_reason(true),
+                         "stop_reason": null, "token_ids": null, "routed_experts": null}],
+            "service_tier": null, "system_fingerprint": system_fingerprint(&state), "usage": usage,
+            "prompt_logprobs": null, "prompt_token_ids": null, "prompt_text": null,
+            "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null,
         }),
         Api::Completion => json!({
             "id": generation.id, "object": "text_completion", "created": generation.created, "model": state.model,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason(true), "stop_reason": null, "prompt_logprobs": null}],
-            "usage": usage,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": generation.finish_reason(true), "stop_reason": null,
+                         "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null}],
+            "service_tier": null, "system_fingerprint": system_fingerprint(&state), "usage": usage,
+            "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null,
         }),
     };
     Ok(axum::Json(body).into_response())
@@ -522,10 +652,13 @@ fn stream_response(
                 }
                 return futures::stream::iter(frames);
             }
-            let usage = generation.continuous_usage.then(|| generation.usage(&state, count, cached_prompt_tokens));
+            let usage = generation.continuous_usage.then(|| generation.usage(&state, count, cached_prompt_tokens, true));
             if count == 1 && generation.api == Api::Chat {
                 let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-                frames.push(Ok(generation.chunk(&model, role, generation.continuous_usage.then(|| generation.usage(&state, 0, cached_prompt_tokens)))));
+                let mut first = generation.chunk_value(&model, role, generation.continuous_usage.then(|| generation.usage(&state, 0, cached_prompt_tokens, true)));
+                first["prompt_token_ids"] = Value::Null;
+                first["prompt_text"] = Value::Null;
+                frames.push(Ok(Bytes::from(format!("data: {first}\n\n"))));
             }
             let delta = match tool_stream.as_mut() {
                 None => Some(json!({"content": state.tokenizer.token_text(token)})),
@@ -538,17 +671,30 @@ fn stream_response(
                 (None, false) => None,
             };
             if let Some(delta) = delta {
-                let choice = match generation.api {
+                let mut choice = match generation.api {
                     Api::Chat => json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": generation.finish_reason(finished)}),
-                    Api::Completion => json!({"index": 0, "text": state.tokenizer.token_text(token), "logprobs": null, "finish_reason": generation.finish_reason(finished), "stop_reason": null}),
+                    Api::Completion => json!({"index": 0, "text": state.tokenizer.token_text(token), "logprobs": null, "finish_reason": generation.finish_reason(finished), "stop_reason": null, "prompt_token_ids": null}),
                 };
-                frames.push(Ok(generation.chunk(&model, choice, usage)));
+                // As vLLM: every chunk's choice has `token_ids`; a chat choice gets
+                // `stop_reason` only on the last.
+                if finished && generation.api == Api::Chat {
+                    choice["stop_reason"] = Value::Null;
+                }
+                choice["token_ids"] = Value::Null;
+                let mut chunk = generation.chunk_value(&model, choice, usage);
+                // The stream's last data chunk carries the fingerprint: this one, unless a
+                // usage chunk follows.
+                if finished && !generation.include_usage {
+                    chunk["system_fingerprint"] = json!(system_fingerprint(&state));
+                }
+                frames.push(Ok(Bytes::from(format!("data: {chunk}\n\n"))));
             }
             if finished {
                 if generation.include_usage {
                     let object = if generation.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" };
                     let u = json!({"id": generation.id, "object": object, "created": generation.created, "model": model, "choices": [],
-                                   "usage": generation.usage(&state, count, cached_prompt_tokens)});
+                                   "usage": generation.usage(&state, count, cached_prompt_tokens, true),
+                                   "system_fingerprint": system_fingerprint(&state)});
                     frames.push(Ok(Bytes::from(format!("data: {u}\n\n"))));
                 }
                 frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
@@ -565,13 +711,18 @@ fn stream_response(
 async fn models(State(state): State<Shared>) -> Response {
     axum::Json(json!({"object": "list", "data": [{
         "id": state.model, "object": "model", "created": now_secs(), "owned_by": "vllm", "root": state.model,
-        "parent": null, "max_model_len": state.max_model_len, "permission": [],
+        "parent": null, "max_model_len": state.max_model_len,
+        "permission": [{
+            "id": format!("modelperm-{:016x}", mix(state.seed ^ 0x9e12)), "object": "model_permission", "created": now_secs(),
+            "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+            "allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": null, "is_blocking": false,
+        }],
     }]}))
     .into_response()
 }
 
 async fn chat_completions(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, Some(Schema::Chat))?;
     check_model(&state, &body)?;
     let tool_request = tools::parse_request(&body).map_err(ApiError::bad_request)?;
     let tokens = chat_tokens(&state, &body, false)?;
@@ -579,7 +730,7 @@ async fn chat_completions(State(state): State<Shared>, body: Bytes) -> Result<Re
 }
 
 async fn completions(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, Some(Schema::Completion))?;
     check_model(&state, &body)?;
     let tokens = completion_tokens(&state, &body)?;
     generate(state, body, tokens, Api::Completion, None).await
@@ -601,7 +752,7 @@ fn request_tokens(state: &AppState, body: &Map<String, Value>) -> Result<Vec<u32
 }
 
 async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, None)?;
     check_model(&state, &body)?;
     let tokens = request_tokens(&state, &body)?;
     let strs = get_bool(&body, "return_token_strs", false)?
@@ -613,7 +764,7 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Response, 
 }
 
 async fn detokenize(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, None)?;
     check_model(&state, &body)?;
     let ids: Vec<u32> = body
         .get("tokens")
@@ -625,30 +776,84 @@ async fn detokenize(State(state): State<Shared>, body: Bytes) -> Result<Response
     Ok(axum::Json(json!({"prompt": state.tokenizer.decode(&ids, false)?})).into_response())
 }
 
-fn render_one(state: &AppState, body: &Map<String, Value>, tokens: Vec<u32>, prefix: &str) -> Result<Value, ApiError> {
-    let (max_tokens, _) = output_budget(state, body, tokens.len())?;
+/// A render answer as vLLM's: the tokens and the sampling parameters the engine would run
+/// with. `max_tokens` is the request's, cut to the context; a chat without one gets the rest
+/// of the context, a completion none (the engine applies its default later).
+fn render_one(state: &AppState, body: &Map<String, Value>, tokens: Vec<u32>, api: Api) -> Result<Value, ApiError> {
+    check_sampling(body)?;
+    output_budget(state, body, tokens.len(), api)?;
+    let room = state.max_model_len as i64 - tokens.len() as i64;
+    let requested = match get_int(body, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => get_int(body, "max_tokens")?,
+    };
+    let max_tokens = match (requested, api) {
+        (Some(n), _) => Some(n.min(room)),
+        (None, Api::Chat) => Some(room),
+        (None, Api::Completion) => None,
+    };
+    let float = |k: &str, default: f64| body.get(k).and_then(|v| lax_float(v).ok()).unwrap_or(default);
+    let temperature = float("temperature", 1.0);
+    let mut sampling = Map::new();
+    sampling.insert("presence_penalty".into(), json!(float("presence_penalty", 0.0)));
+    sampling.insert("frequency_penalty".into(), json!(float("frequency_penalty", 0.0)));
+    sampling.insert("repetition_penalty".into(), json!(float("repetition_penalty", 1.0)));
+    sampling.insert("temperature".into(), json!(temperature));
+    // Greedy sampling drops the nucleus parameters, as vLLM's SamplingParams does.
+    if temperature > 0.0 {
+        sampling.insert("top_p".into(), json!(float("top_p", 1.0)));
+        sampling.insert("min_p".into(), json!(float("min_p", 0.0)));
+    }
+    if let Some(seed) = get_int(body, "seed")? {
+        sampling.insert("seed".into(), json!(seed));
+    }
+    let stop = match body.get("stop") {
+        Some(Value::String(s)) => json!([s]),
+        Some(Value::Array(a)) => json!(a),
+        _ => json!([]),
+    };
+    sampling.insert("stop".into(), stop);
+    sampling.insert(
+        "stop_token_ids".into(),
+        body.get("stop_token_ids").filter(|v| v.is_array()).cloned().unwrap_or(json!([])),
+    );
+    if let Some(m) = max_tokens {
+        sampling.insert("max_tokens".into(), json!(m));
+    }
+    let stream = get_bool(body, "stream", false)?;
+    // vLLM's RequestOutputKind: DELTA for streams, FINAL_ONLY otherwise.
+    sampling.insert("output_kind".into(), json!(if stream { 1 } else { 2 }));
+    sampling.insert("skip_clone".into(), json!(true));
+    sampling.insert("bad_words".into(), json!([]));
+    sampling.insert("skip_reading_prefix_cache".into(), json!(false));
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
     Ok(json!({
         "request_id": format!("{prefix}-{:016x}", mix(state.seed ^ n)),
-        "token_ids": tokens,
-        "sampling_params": {"max_tokens": max_tokens},
-        "model": state.model,
+        "token_ids": tokens, "token_offsets": null, "features": null, "content_parts": null,
+        "sampling_params": sampling,
+        "model": state.model, "reasoning_ended": null, "reasoning_parser_kwargs": null, "return_token_ids": null,
+        "output_mode": "tokens", "stream": stream,
+        "stream_options": body.get("stream_options").cloned().unwrap_or(Value::Null),
+        "cache_salt": body.get("cache_salt").cloned().unwrap_or(Value::Null),
+        "priority": get_int(body, "priority")?.unwrap_or(0),
+        "kv_transfer_params": null, "ec_transfer_params": null,
     }))
 }
 
 async fn render_chat(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, Some(Schema::Chat))?;
     check_model(&state, &body)?;
     tools::parse_request(&body).map_err(ApiError::bad_request)?;
     let tokens = chat_tokens(&state, &body, false)?;
-    Ok(axum::Json(render_one(&state, &body, tokens, "chatcmpl")?).into_response())
+    Ok(axum::Json(render_one(&state, &body, tokens, Api::Chat)?).into_response())
 }
 
 async fn render_completion(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, Some(Schema::Completion))?;
     check_model(&state, &body)?;
     let tokens = completion_tokens(&state, &body)?;
-    Ok(axum::Json(json!([render_one(&state, &body, tokens, "cmpl")?])).into_response())
+    Ok(axum::Json(json!([render_one(&state, &body, tokens, Api::Completion)?])).into_response())
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
@@ -656,14 +861,11 @@ async fn metrics(State(state): State<Shared>) -> Response {
 }
 
 async fn oracle(State(state): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let body = parse_body(&body)?;
+    let body = parse_body(&body, None)?;
     let tokens = request_tokens(&state, &body)?;
     let prompt_tokens = tokens.len();
-    let a = state.worker.oracle(tokens).await.map_err(|e| ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: e.to_string(),
-        param: None,
-    })?;
+    let a =
+        state.worker.oracle(tokens).await.map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     Ok(axum::Json(json!({
         "promptTokens": prompt_tokens,
         "cachedPrefixTokens": a.cached_prefix_tokens,
@@ -678,11 +880,8 @@ async fn oracle(State(state): State<Shared>, body: Bytes) -> Result<Response, Ap
 }
 
 async fn sim_state(State(state): State<Shared>) -> Result<Response, ApiError> {
-    let (s, c) = state.worker.state().await.map_err(|e| ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: e.to_string(),
-        param: None,
-    })?;
+    let (s, c) =
+        state.worker.state().await.map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     Ok(axum::Json(json!({
         "model": state.model, "worker": state.worker_index, "timeScale": state.time_scale,
         "waiting": s.waiting, "running": s.running, "kvCacheUsage": s.kv_usage, "cachedBlocks": s.cached_blocks,
@@ -700,11 +899,7 @@ async fn set_faults(State(state): State<Shared>, body: Bytes) -> Result<Response
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid fault request: {e}")))?;
     state.faults.arm(&req);
     if req.restart_event_stream == Some(true) {
-        state.worker.restart_events().map_err(|e| ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: e.to_string(),
-            param: None,
-        })?;
+        state.worker.restart_events().map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     }
     Ok(axum::Json(state.faults.snapshot()).into_response())
 }

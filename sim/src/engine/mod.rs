@@ -82,6 +82,11 @@ pub struct StepOutput {
     pub decode_seqs: u32,
     /// Requests preempted in the step.
     pub preempted: u32,
+    /// The requests preempted in the step, in order.
+    pub preempted_requests: Vec<RequestId>,
+    /// Requests moved from waiting to running in the step: first admissions and resumptions
+    /// after a preemption.
+    pub admitted: Vec<RequestId>,
 }
 
 /// Observable state (what `/metrics` reports).
@@ -337,9 +342,8 @@ impl Engine {
         }
         let mut evicted = Vec::new();
         let Some(new_blocks) = self.pool.allocate(need, &mut evicted) else { return false };
-        if !evicted.is_empty() {
-            events.push(KvEvent::BlockRemoved { block_hashes: evicted });
-        }
+        // One event per evicted block, as vLLM's block pool announces them.
+        events.extend(evicted.into_iter().map(|h| KvEvent::BlockRemoved { block_hashes: vec![h] }));
         if let Some(r) = self.reqs.get_mut(&id) {
             r.blocks.extend(new_blocks);
         }
@@ -425,6 +429,7 @@ impl Engine {
                 let Some(&victim) = self.running.last() else { break };
                 self.preempt(victim);
                 out.preempted += 1;
+                out.preempted_requests.push(victim);
                 preempted_this_step = true;
                 if victim == id {
                     break;
@@ -447,6 +452,7 @@ impl Engine {
             let Some(n) = self.admit(id, budget, &mut out.events) else { break };
             self.waiting.pop_front();
             self.running.push(id);
+            out.admitted.push(id);
             scheduled.push((id, n));
             budget -= n;
         }
