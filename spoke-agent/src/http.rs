@@ -115,6 +115,9 @@ pub struct SpokeBackend(pub Arc<App>);
 /// Per worker set: the prompt's tokens and block hashes.
 struct SetTokens {
     tokens: usize,
+    /// BLAKE3 of the token ids (little-endian u32s): lets a test or an operator compare the
+    /// spoke's tokenization with the engine's `/tokenize` without the trace holding the prompt.
+    digest: blake3::Hash,
     hashes: Arc<Vec<LocalBlockHash>>,
     /// The body that was tokenized, sent as it is to the set's workers.
     body: Arc<Map<String, Value>>,
@@ -222,7 +225,8 @@ impl Backend for SpokeBackend {
                 }
                 indexed_cached.insert(w.key.clone(), set.index.indexed_overlap(w.id, &hashes) * bs);
             }
-            per_set.insert(name.clone(), SetTokens { tokens: toks.len(), hashes: Arc::new(hashes), body });
+            let digest = token_digest(&toks);
+            per_set.insert(name.clone(), SetTokens { tokens: toks.len(), digest, hashes: Arc::new(hashes), body });
         }
 
         let features = plan::features(&req, prompt_tokens.unwrap_or(0), cached.clone(), request_no);
@@ -503,7 +507,7 @@ fn log_decision(
 ) {
     let tokens: Map<String, Value> = per_set
         .iter()
-        .map(|(set, t)| (set.clone(), json!({"promptTokens": t.tokens, "fullBlocks": t.hashes.len()})))
+        .map(|(set, t)| (set.clone(), json!({"promptTokens": t.tokens, "fullBlocks": t.hashes.len(), "tokenDigest": t.digest.to_hex().as_str()})))
         .collect();
     let per_worker = |k: &WorkerKey, v: u32| json!({"workerSet": k.worker_set, "worker": k.worker, "cachedTokens": v});
     let modes: Map<String, Value> = app
@@ -528,6 +532,12 @@ fn log_decision(
             log.pop_front();
         }
     }
+}
+
+/// BLAKE3 over the token ids as little-endian u32s.
+fn token_digest(tokens: &[u32]) -> blake3::Hash {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    blake3::hash(&bytes)
 }
 
 type Shared = Arc<App>;
@@ -559,10 +569,12 @@ fn worker_status(w: &WorkerRuntime) -> Value {
         "workerSet": w.key.worker_set, "worker": w.key.worker, "url": w.endpoint.http_url,
         "healthy": w.load.healthy(), "scraped": scraped.is_some(),
         "waiting": engine.waiting, "running": engine.running, "kvCacheUsage": engine.kv_usage,
+        "prefixCache": {"queries": engine.prefix_cache_queries, "hits": engine.prefix_cache_hits},
         "inflight": w.load.inflight_total.load(Ordering::Relaxed),
         "kvEvents": {
             "batches": kv.batches.load(Ordering::Relaxed), "gaps": kv.gaps.load(Ordering::Relaxed),
-            "replays": kv.replays.load(Ordering::Relaxed), "resyncs": kv.resyncs.load(Ordering::Relaxed),
+            "replays": kv.replays.load(Ordering::Relaxed),
+            "catchUps": kv.catch_ups.load(Ordering::Relaxed), "resyncs": kv.resyncs.load(Ordering::Relaxed),
             "restarts": kv.restarts.load(Ordering::Relaxed), "decodeErrors": kv.decode_errors.load(Ordering::Relaxed),
             "duplicates": kv.duplicates.load(Ordering::Relaxed), "nextSeq": kv.next_seq.load(Ordering::Relaxed),
             "blocks": kv.blocks.load(Ordering::Relaxed),
@@ -615,6 +627,7 @@ async fn metrics(State(app): State<Shared>) -> Response {
         counters.push((m::KV_BATCHES_TOTAL, l.clone(), w.kv.batches.load(Ordering::Relaxed) as f64));
         counters.push((m::KV_GAPS_TOTAL, l.clone(), w.kv.gaps.load(Ordering::Relaxed) as f64));
         counters.push((m::KV_REPLAYS_TOTAL, l.clone(), w.kv.replays.load(Ordering::Relaxed) as f64));
+        counters.push((m::KV_CATCH_UPS_TOTAL, l.clone(), w.kv.catch_ups.load(Ordering::Relaxed) as f64));
         counters.push((m::KV_RESYNCS_TOTAL, l.clone(), w.kv.resyncs.load(Ordering::Relaxed) as f64));
         let last = w.kv.last_batch_unix_ms.load(Ordering::Relaxed);
         if last > 0 {

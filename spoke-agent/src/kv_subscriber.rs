@@ -138,6 +138,9 @@ pub struct KvStats {
     pub gaps: AtomicU64,
     /// Gaps filled by replay.
     pub replays: AtomicU64,
+    /// Subscriptions that joined a stream mid-way (a new or restarted spoke) and caught up
+    /// on the engine's history from its replay buffer.
+    pub catch_ups: AtomicU64,
     /// Resynchronisations (worker cleared).
     pub resyncs: AtomicU64,
     /// Engine restarts detected.
@@ -538,9 +541,8 @@ impl Applier {
                 let complete =
                     replayed.len() as u64 == to - from && replayed.iter().zip(from..).all(|((s, _), want)| *s == want);
                 if complete {
-                    if !fresh {
-                        self.stats.replays.fetch_add(1, Ordering::Relaxed);
-                    }
+                    let counter = if fresh { &self.stats.catch_ups } else { &self.stats.replays };
+                    counter.fetch_add(1, Ordering::Relaxed);
                     let mut ok = true;
                     for (s, p) in replayed {
                         ok &= self.apply(s, &p);

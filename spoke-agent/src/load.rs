@@ -25,6 +25,10 @@ pub struct EngineLoad {
     pub running: u32,
     /// `vllm:kv_cache_usage_perc` as a fraction 0–1.
     pub kv_usage: f64,
+    /// `vllm:prefix_cache_queries_total`: prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: u64,
+    /// `vllm:prefix_cache_hits_total`: of those, tokens found cached.
+    pub prefix_cache_hits: u64,
 }
 
 /// Live load state of one worker.
@@ -135,8 +139,9 @@ impl Drop for InflightTicket {
     }
 }
 
-/// Parses the few vLLM gauges the router needs from a Prometheus text exposition. Accepts
+/// Parses the few vLLM series the router needs from a Prometheus text exposition. Accepts
 /// the current and the deprecated KV-usage names and sums over label sets (DP engines).
+/// Counter samples are `_total` only (the `_created` series are timestamps).
 pub fn parse_engine_metrics(text: &str) -> Option<EngineLoad> {
     let mut load = EngineLoad::default();
     let mut seen = false;
@@ -160,6 +165,8 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineLoad> {
             }
             "vllm:kv_cache_usage_perc" => kv_new = Some(kv_new.unwrap_or(0.0).max(value)),
             "vllm:gpu_cache_usage_perc" => kv_old = Some(kv_old.unwrap_or(0.0).max(value)),
+            "vllm:prefix_cache_queries_total" => load.prefix_cache_queries += value as u64,
+            "vllm:prefix_cache_hits_total" => load.prefix_cache_hits += value as u64,
             _ => {}
         }
     }
@@ -201,11 +208,22 @@ mod tests {
     #[test]
     fn parses_vllm_gauges() {
         let text = "# HELP x\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
-                    vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 1.0\nvllm:gpu_cache_usage_perc{} 0.9\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n";
-        assert_eq!(parse_engine_metrics(text), Some(EngineLoad { waiting: 3, running: 3, kv_usage: 0.25 }));
+                    vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 1.0\nvllm:gpu_cache_usage_perc{} 0.9\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n\
+                    vllm:prefix_cache_queries_total{engine=\"0\"} 1127.0\nvllm:prefix_cache_queries_created{engine=\"0\"} 1.79e+09\n\
+                    vllm:prefix_cache_hits_total{engine=\"0\"} 288.0\nvllm:prefix_cache_hits_total{engine=\"1\"} 2.0\n";
+        assert_eq!(
+            parse_engine_metrics(text),
+            Some(EngineLoad {
+                waiting: 3,
+                running: 3,
+                kv_usage: 0.25,
+                prefix_cache_queries: 1127,
+                prefix_cache_hits: 290
+            })
+        );
         assert_eq!(
             parse_engine_metrics("vllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.5"),
-            Some(EngineLoad { waiting: 0, running: 1, kv_usage: 0.5 })
+            Some(EngineLoad { waiting: 0, running: 1, kv_usage: 0.5, ..EngineLoad::default() })
         );
         assert_eq!(parse_engine_metrics("garbage"), None);
     }

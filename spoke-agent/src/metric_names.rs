@@ -34,6 +34,8 @@ pub const KV_BATCHES_TOTAL: &str = "switchyard_spoke_kv_event_batches_total";
 pub const KV_GAPS_TOTAL: &str = "switchyard_spoke_kv_event_gaps_total";
 /// Gaps filled by replay, per worker.
 pub const KV_REPLAYS_TOTAL: &str = "switchyard_spoke_kv_event_replays_total";
+/// Subscriptions that joined mid-stream and caught up from the replay buffer, per worker.
+pub const KV_CATCH_UPS_TOTAL: &str = "switchyard_spoke_kv_event_catch_ups_total";
 /// Resynchronisations (worker entries cleared), per worker.
 pub const KV_RESYNCS_TOTAL: &str = "switchyard_spoke_kv_event_resyncs_total";
 /// Seconds since the last KV event batch, per worker.
@@ -108,6 +110,12 @@ pub const CATALOGUE: &[Spec] = {
         spec(KV_BATCHES_TOTAL, "KV event batches applied, per worker", Counter, Scraped),
         spec(KV_GAPS_TOTAL, "KV event sequence gaps detected, per worker", Counter, Scraped),
         spec(KV_REPLAYS_TOTAL, "KV event gaps filled by replay, per worker", Counter, Scraped),
+        spec(
+            KV_CATCH_UPS_TOTAL,
+            "KV event subscriptions that joined mid-stream and caught up by replay, per worker",
+            Counter,
+            Scraped,
+        ),
         spec(KV_RESYNCS_TOTAL, "KV resynchronisations (worker entries cleared), per worker", Counter, Scraped),
         spec(KV_EVENT_LAG_SECONDS, "Seconds since the last KV event batch, per worker", Gauge, Scraped),
         spec(WORKER_HEALTHY, "Worker health (1 healthy), per worker", Gauge, Scraped),
