@@ -15,6 +15,7 @@ mod sim;
 mod tokenizer;
 mod up;
 mod validate;
+mod vllm_fleet;
 
 use std::process::ExitCode;
 
@@ -36,7 +37,7 @@ enum Command {
     Explain(explain::Args),
     /// Print the CustomResourceDefinition manifests (or write them to a directory).
     Crds(crds::Args),
-    /// Start a local fleet (simulated workers + a spoke) on loopback.
+    /// Start a local fleet (simulated or real vLLM workers + a spoke) on loopback.
     Up(up::UpArgs),
     /// Run a spoke: KV-cache-aware routing over configured vLLM workers.
     Spoke(up::SpokeArgs),
