@@ -1,6 +1,7 @@
 //! `switchyard sim`: run simulated vLLM workers. Flags mirror `vllm serve` where they overlap.
 
 use std::path::PathBuf;
+use switchyard_sim::engine::hash::HashAlgo;
 
 use anyhow::{Context, bail};
 use serde_json::json;
@@ -64,6 +65,10 @@ pub struct Args {
     /// Report usage.prompt_tokens_details.cached_tokens.
     #[arg(long)]
     enable_prompt_tokens_details: bool,
+    /// Block hashes: `sha256` (the simulator's own stand-in for vLLM's pickle-based default) or
+    /// `sha256_cbor` (vLLM's, bit for bit; NONE_HASH from PYTHONHASHSEED when set).
+    #[arg(long, default_value = "sha256", value_parser = ["sha256", "sha256_cbor"])]
+    prefix_caching_hash_algo: String,
     /// Seed for generated tokens.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -128,6 +133,10 @@ pub fn config(args: &Args) -> anyhow::Result<SimConfig> {
         kv_events,
         wire_format: args.kv_events_format,
         enable_prompt_tokens_details: args.enable_prompt_tokens_details,
+        prefix_caching_hash_algo: match args.prefix_caching_hash_algo.as_str() {
+            "sha256_cbor" => HashAlgo::Sha256Cbor,
+            _ => HashAlgo::Sha256,
+        },
     })
 }
 

@@ -182,6 +182,7 @@ impl Workers {
                     }),
                     wire_format: WireFormat::Current,
                     enable_prompt_tokens_details: true,
+                    prefix_caching_hash_algo: Default::default(),
                 })
                 .await?;
                 Ok((Workers::Sim(fleet), block_size))

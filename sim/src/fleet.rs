@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::hash::{self, HashAlgo};
 use crate::engine::{Engine, mix};
 use crate::faults::Faults;
 use crate::metrics::Metrics;
@@ -89,6 +90,8 @@ pub struct SimConfig {
     pub wire_format: WireFormat,
     /// Report `usage.prompt_tokens_details.cached_tokens` (vLLM `--enable-prompt-tokens-details`).
     pub enable_prompt_tokens_details: bool,
+    /// `--prefix-caching-hash-algo`.
+    pub prefix_caching_hash_algo: HashAlgo,
 }
 
 impl SimConfig {
@@ -107,6 +110,7 @@ impl SimConfig {
             kv_events: None,
             wire_format: WireFormat::default(),
             enable_prompt_tokens_details: false,
+            prefix_caching_hash_algo: HashAlgo::default(),
         }
     }
 }
@@ -180,7 +184,7 @@ impl Fleet {
         let mut tasks = Vec::new();
         for i in 0..cfg.workers.max(1) {
             let faults = Arc::new(Faults::default());
-            let metrics = Arc::new(Metrics::new(&cfg.served_model_name, &cfg.profile));
+            let metrics = Arc::new(Metrics::new(&cfg.served_model_name, &cfg.profile, cfg.prefix_caching_hash_algo));
             let (publisher_tx, kv_events, kv_replay) = match cfg.kv_events.as_ref().filter(|k| k.publishes()) {
                 Some(k) => {
                     let by = u16::try_from(2 * i).map_err(|_| StartError::Config("too many workers".into()))?;
@@ -203,7 +207,11 @@ impl Fleet {
             };
             // Engine hashes differ per worker and per start, like vLLM's random NONE_HASH.
             let salt = mix(cfg.seed ^ u64::from(i).wrapping_mul(0x9e37)) ^ mix(std::process::id().into());
-            let engine = Engine::new(cfg.profile.clone(), salt, cfg.seed, tokenizer.output_vocab());
+            // As vLLM: PYTHONHASHSEED, when set, seeds sha256_cbor's NONE_HASH.
+            let none_hash_seed =
+                std::env::var("PYTHONHASHSEED").unwrap_or_else(|_| hash::DEFAULT_NONE_HASH_SEED.into());
+            let engine = Engine::new(cfg.profile.clone(), salt, cfg.seed, tokenizer.output_vocab())
+                .with_hash(cfg.prefix_caching_hash_algo, &none_hash_seed);
             let (handle, engine_task) = runtime::spawn(
                 engine,
                 LoopDeps {

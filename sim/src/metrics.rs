@@ -19,6 +19,7 @@
 //! out once per worker ([`Metrics::new`]); a scrape copies the values out under the lock (a
 //! fixed-size copy, no allocation) and writes them into that layout.
 
+use crate::engine::hash::HashAlgo;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -541,7 +542,7 @@ pub const FAMILIES: &[Family] = &[
 
 /// The labels of `vllm:cache_config_info`: the simulated engine's cache configuration, with
 /// vLLM's values for everything the simulator does not vary.
-fn cache_config_labels(profile: &Profile) -> Vec<(&'static str, String)> {
+fn cache_config_labels(profile: &Profile, hash_algo: HashAlgo) -> Vec<(&'static str, String)> {
     let size_tokens = u64::from(profile.num_gpu_blocks) * u64::from(profile.block_size);
     let concurrency = size_tokens as f64 / f64::from(profile.max_model_len.max(1));
     let fixed = [
@@ -567,7 +568,6 @@ fn cache_config_labels(profile: &Profile) -> Vec<(&'static str, String)> {
         ("num_cpu_blocks", "None"),
         ("num_gpu_blocks_override", "None"),
         ("prefix_cache_retention_interval", "0"),
-        ("prefix_caching_hash_algo", "sha256"),
         ("prefix_match_unit", "None"),
         ("replayssm_buffer_len", "16"),
         ("skip_page_size_padded", "None"),
@@ -586,6 +586,7 @@ fn cache_config_labels(profile: &Profile) -> Vec<(&'static str, String)> {
         // Python's `str(float)`: `128.0`, `5.37109375`.
         ("kv_cache_max_concurrency", format!("{concurrency:?}")),
         ("kv_cache_memory_bytes", (size_tokens * KV_BYTES_PER_TOKEN).to_string()),
+        ("prefix_caching_hash_algo", hash_algo.as_str().to_owned()),
     ]);
     labels
 }
@@ -628,7 +629,7 @@ impl Layout {
         }
     }
 
-    fn build(model_name: &str, profile: &Profile, created: f64) -> Vec<Op> {
+    fn build(model_name: &str, profile: &Profile, hash_algo: HashAlgo, created: f64) -> Vec<Op> {
         let mut layout = Layout::default();
         let mut created_at = String::new();
         push_float(&mut created_at, created);
@@ -671,7 +672,7 @@ impl Layout {
                 }
                 Kind::Info => {
                     layout.header(f.name, "", f.help, "gauge");
-                    let config = cache_config_labels(profile);
+                    let config = cache_config_labels(profile, hash_algo);
                     let pairs: Vec<(&str, &str)> = config.iter().map(|(k, v)| (*k, v.as_str())).collect();
                     let _ = writeln!(layout.text, "{}{} 1.0", f.name, label_set(&pairs));
                 }
@@ -757,11 +758,11 @@ pub struct Metrics {
 impl Metrics {
     /// Empty metrics for a worker serving `model_name` with `profile`; every series is
     /// created now.
-    pub fn new(model_name: &str, profile: &Profile) -> Metrics {
+    pub fn new(model_name: &str, profile: &Profile, hash_algo: HashAlgo) -> Metrics {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         Metrics {
             values: Mutex::new(Values::new(profile.max_model_len)),
-            layout: Layout::build(model_name, profile, created),
+            layout: Layout::build(model_name, profile, hash_algo, created),
             last_len: AtomicUsize::new(0),
         }
     }

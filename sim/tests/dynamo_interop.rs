@@ -33,6 +33,7 @@ fn config(format: WireFormat) -> SimConfig {
         }),
         wire_format: format,
         enable_prompt_tokens_details: true,
+        prefix_caching_hash_algo: Default::default(),
     }
 }
 

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
 async fn the_engine_loop_records_vllms_request_metrics() {
-    let metrics = Arc::new(Metrics::new("m", &TINY));
+    let metrics = Arc::new(Metrics::new("m", &TINY, switchyard_sim::engine::hash::HashAlgo::Sha256));
     let shutdown = CancellationToken::new();
     let engine = Engine::new(TINY.clone(), 1, 1, Arc::new(vec![7, 8, 9]));
     let deps = LoopDeps {

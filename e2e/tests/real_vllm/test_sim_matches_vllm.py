@@ -64,7 +64,8 @@ def diff(a, b, path="$"):
 @pytest.fixture
 def pair(engines, start_sim):
     # vLLM's defaults where the fixture's differ: the empty topic.
-    sim = start_sim("--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--served-model-name", MODEL_NAME, topic="")
+    sim = start_sim("--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--served-model-name", MODEL_NAME,
+                    "--prefix-caching-hash-algo", "sha256_cbor", topic="")
     return sim.url, engines[0].url, sim, engines[0]
 
 
@@ -265,10 +266,11 @@ def test_kv_event_streams_match(pair):
         assert [t for t, _, _ in st] == [b""] * len(st)
         seqs = [s for _, s, _ in st]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
-    # Per request, the same events field for field, apart from the engine-private hash values
-    # and the generated tokens (a random model's are not the simulator's): token ids are
-    # compared wherever the block holds prompt tokens.
+    # Per request, the same events field for field, apart from the generated tokens (a random
+    # model's are not the simulator's): token ids are compared wherever the block holds prompt
+    # tokens, and block hashes (sha256_cbor on both) wherever the chain so far is all prompt.
     ends = [{}, {}]  # per stream: block hash -> position after the block
+    hashes_compared = []
     for (sim_prompt, sim_events), (vllm_prompt, vllm_events) in zip(*per_request):
         assert sim_prompt == vllm_prompt
         assert [e["type"] for e in sim_events] == [e["type"] for e in vllm_events], (sim_events, vllm_events)
@@ -292,6 +294,12 @@ def test_kv_event_streams_match(pair):
             assert starts[0] == starts[1], "the same chain position"
             prompt_part = max(0, min(len(a["token_ids"]), sim_prompt - starts[0]))
             assert a["token_ids"][:prompt_part] == b["token_ids"][:prompt_part]
+            prompt_blocks = prompt_part // BLOCK_SIZE
+            assert a["block_hashes"][:prompt_blocks] == b["block_hashes"][:prompt_blocks], "sha256_cbor hashes"
+            if starts[0] <= sim_prompt:  # the parent block is all prompt
+                assert a["parent_block_hash"] == b["parent_block_hash"]
+            hashes_compared.append(prompt_blocks)
+    assert sum(hashes_compared) >= 10, hashes_compared
     # Batching: one batch per engine step that stored blocks.
     assert [len(evs) for _, _, evs in sim_stream] == [len(evs) for _, _, evs in vllm_stream]
     # Replay from the first sequence number of the run: the same frames as live, then the end

@@ -23,6 +23,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+pub mod hash;
+
+use self::hash::{HashAlgo, Hasher, Link};
 use crate::kv_cache::{BlockId, BlockPool};
 use crate::profile::Profile;
 
@@ -130,6 +133,8 @@ struct Req {
     blocks: Vec<BlockId>,
     /// Chain hashes of the full blocks of `tokens`, extended lazily.
     hashes: Vec<u64>,
+    /// The chain state after the last of `hashes`.
+    link: Link,
     /// Leading blocks already registered in the prefix cache (by us or found there).
     num_registered: usize,
     /// Prompt tokens served from the prefix cache when first admitted.
@@ -148,9 +153,8 @@ pub struct Engine {
     running: Vec<RequestId>,
     reqs: HashMap<RequestId, Req>,
     next_id: RequestId,
-    /// Mixed into every block hash: like vLLM's per-process random `NONE_HASH`, it makes engine
-    /// hashes meaningless to anyone but this engine.
-    salt: u64,
+    /// Computes block hashes ([`hash`]).
+    hasher: Hasher,
     seed: u64,
     output_vocab: Arc<Vec<u32>>,
     counters: EngineCounters,
@@ -168,11 +172,20 @@ impl Engine {
             running: Vec::new(),
             reqs: HashMap::new(),
             next_id: 1,
-            salt,
+            hasher: Hasher::new(HashAlgo::Sha256, salt, hash::DEFAULT_NONE_HASH_SEED),
             seed,
             output_vocab,
             counters: EngineCounters::default(),
         }
+    }
+
+    /// The engine with `algo` block hashes; `seed` derives `sha256_cbor`'s `NONE_HASH` (the
+    /// salted default keeps the salt given to [`Engine::new`]).
+    pub fn with_hash(mut self, algo: HashAlgo, seed: &str) -> Engine {
+        if algo == HashAlgo::Sha256Cbor {
+            self.hasher = Hasher::new(algo, 0, seed);
+        }
+        self
     }
 
     /// The profile in use.
@@ -210,6 +223,7 @@ impl Engine {
                 num_computed: 0,
                 blocks: Vec::new(),
                 hashes: Vec::new(),
+                link: Link::Start,
                 num_registered: 0,
                 cached_prompt_tokens: 0,
                 fingerprint,
@@ -265,15 +279,15 @@ impl Engine {
     pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> u32 {
         let bs = self.profile.block_size as usize;
         let max_blocks = tokens.len().saturating_sub(1) / bs;
-        let mut parent = None;
+        let mut link = Link::Start;
         let mut hits = 0;
         for chunk in tokens.chunks_exact(bs).take(max_blocks) {
-            let h = self.block_hash(parent, chunk);
+            let (h, next) = self.hasher.next(link, chunk);
             if self.pool.lookup(h).is_none() {
                 break;
             }
             hits += 1;
-            parent = Some(h);
+            link = next;
         }
         (hits * bs) as u32
     }
@@ -307,28 +321,22 @@ impl Engine {
         for r in self.reqs.values_mut() {
             r.num_registered = 0;
             r.hashes.clear();
+            r.link = Link::Start;
         }
         KvEvent::AllBlocksCleared
     }
 
-    fn block_hash(&self, parent: Option<u64>, tokens: &[u32]) -> u64 {
-        self.clone_hasher().hash(parent, tokens)
-    }
-
     fn ensure_hashes(&mut self, id: RequestId) {
         let bs = self.profile.block_size as usize;
-        let salt_engine = self.clone_hasher();
+        let hasher = self.hasher;
         let Some(r) = self.reqs.get_mut(&id) else { return };
         let full = r.tokens.len() / bs;
         while r.hashes.len() < full {
             let i = r.hashes.len();
-            let parent = i.checked_sub(1).map(|p| r.hashes[p]);
-            r.hashes.push(salt_engine.hash(parent, &r.tokens[i * bs..(i + 1) * bs]));
+            let (h, link) = hasher.next(r.link, &r.tokens[i * bs..(i + 1) * bs]);
+            r.hashes.push(h);
+            r.link = link;
         }
-    }
-
-    fn clone_hasher(&self) -> Hasher {
-        Hasher { salt: self.salt }
     }
 
     /// Gives `id` enough blocks for `total_tokens`, evicting cached blocks; false if the pool
@@ -545,21 +553,6 @@ impl Engine {
         }
         out.duration_ms = self.profile.timing.step_ms(out.prefill_tokens, out.decode_seqs, context_tokens);
         Some(out)
-    }
-}
-
-#[derive(Clone, Copy)]
-struct Hasher {
-    salt: u64,
-}
-
-impl Hasher {
-    fn hash(&self, parent: Option<u64>, tokens: &[u32]) -> u64 {
-        let mut h = mix(self.salt ^ parent.map_or(0x5bd1_e995, |p| p.rotate_left(17)));
-        for &t in tokens {
-            h = mix(h ^ u64::from(t));
-        }
-        h
     }
 }
 

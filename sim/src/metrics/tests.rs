@@ -71,7 +71,7 @@ const VLLM_TYPES: &[(&str, &str)] = &[
 /// The engine the excerpt was captured from.
 fn captured() -> Metrics {
     let profile = Profile { num_gpu_blocks: 16_384, block_size: 32, max_model_len: 4096, ..TINY };
-    Metrics::new("sim-model", &profile)
+    Metrics::new("sim-model", &profile, HashAlgo::Sha256)
 }
 
 /// Each line without its value: comment lines whole, samples as name and labels.
@@ -206,7 +206,7 @@ fn token_buckets_follow_max_model_len_like_vllm() {
 #[test]
 fn cache_config_follows_the_profile() {
     let profile = Profile { num_gpu_blocks: 11_000, block_size: 16, max_model_len: 32_768, ..TINY };
-    let text = Metrics::new("m", &profile).render();
+    let text = Metrics::new("m", &profile, HashAlgo::Sha256).render();
     let line = text.lines().find(|l| l.starts_with("vllm:cache_config_info{")).expect("info gauge");
     for label in [
         "block_size=\"16\"",
@@ -225,7 +225,7 @@ fn cache_config_follows_the_profile() {
 
 #[test]
 fn model_names_are_escaped() {
-    let text = Metrics::new("a\"b\\c", &TINY).render();
+    let text = Metrics::new("a\"b\\c", &TINY, HashAlgo::Sha256).render();
     assert!(text.contains("vllm:num_requests_running{engine=\"0\",model_name=\"a\\\"b\\\\c\"} 0.0\n"));
 }
 
