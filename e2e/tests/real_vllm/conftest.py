@@ -51,7 +51,7 @@ def vllm_env(scratch: Path, core: int | None):
 class VllmServer:
     """One `vllm serve` process group (API server, engine core, worker)."""
 
-    def __init__(self, *, extra=(), core=None, block_size=BLOCK_SIZE, kv_events=True):
+    def __init__(self, *, extra=(), core=None, block_size=BLOCK_SIZE, kv_events=True, max_model_len=4096):
         exe, model = vllm_paths()
         self.scratch = Path(tempfile.mkdtemp(prefix="vllm-"))
         self.port = free_port_pair(1)
@@ -60,7 +60,7 @@ class VllmServer:
         self.kv_replay = f"tcp://127.0.0.1:{base + 1}" if kv_events else None
         self.url = f"http://127.0.0.1:{self.port}"
         args = [exe, "serve", model, "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", "float32", "--max-model-len", "4096", "--block-size", str(block_size),
+                "--dtype", "float32", "--max-model-len", str(max_model_len), "--block-size", str(block_size),
                 "--enable-prefix-caching", "--enable-scale-out", "--enable-prompt-tokens-details",
                 # vLLM's CBOR block hashes, which the simulator reproduces (the spoke ignores
                 # engine hashes either way; `up --engine vllm` runs the default).
@@ -154,6 +154,17 @@ def engine_pool():
     pool = Engines()
     yield pool
     pool.release()
+
+
+@pytest.fixture(scope="session")
+def small_engine():
+    """A real engine with 48 KV blocks (1,536 tokens), so a few prompts force evictions."""
+    server = VllmServer(extra=["--num-gpu-blocks-override", "48"], max_model_len=1024, core=1 % max(1, os.cpu_count() or 1))
+    try:
+        server.wait_ready(time.time() + START_TIMEOUT)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

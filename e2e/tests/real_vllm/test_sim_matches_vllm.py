@@ -5,6 +5,7 @@ simulator must differ, the difference is listed here with its reason, so any new
 """
 
 import json
+import random
 import time
 
 import httpx
@@ -352,3 +353,36 @@ def test_metric_families_match(pair):
         if s[n][1] != v[n][1]:
             problems.append(f"{n}: labels sim {sorted(s[n][1])} vs vLLM {sorted(v[n][1])}")
     assert not problems, "\n".join(problems)
+
+
+def test_eviction_streams_are_identical(small_engine, start_sim):
+    """A full cache, evicted and refilled: with the same hash algorithm, block count and
+    prompts, the simulator's event stream equals vLLM's value for value — which blocks are
+    stored, which are evicted in what order (LRU, tail first), every hash and parent — and
+    both report the same cached tokens."""
+    sim = start_sim("--block-size", str(BLOCK_SIZE), "--max-model-len", "1024", "--served-model-name", MODEL_NAME,
+                    "--num-gpu-blocks-override", "48", "--prefix-caching-hash-algo", "sha256_cbor", topic="")
+    rng = random.Random(time.time_ns())
+    # 600 prompt tokens (18 full blocks; 2 output tokens stay inside the 19th), as token ids.
+    prompts = [[rng.randrange(3, 8000) for _ in range(600)] for _ in range(3)]
+    sequence = [prompts[0], prompts[1], prompts[2], prompts[0], prompts[1], prompts[2]]
+    runs = []
+    for url, endpoint in ((sim.url, sim.workers[0]["kvEvents"].replace("*", "127.0.0.1")), (small_engine.url, small_engine.kv_events)):
+        sub = subscribe(endpoint)
+        time.sleep(0.5)
+        drain(sub, idle=0.2)
+        run = []
+        for p in sequence:
+            r = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": p, "max_tokens": 2, "ignore_eos": True}, timeout=60)
+            assert r.status_code == 200, r.text
+            time.sleep(0.3)
+            events = [e for _, _, evs in events_of(drain(sub, idle=0.5)) for e in evs]
+            run.append((r.json()["usage"]["prompt_tokens_details"]["cached_tokens"], events))
+        sub.close()
+        runs.append(run)
+    sim_run, vllm_run = runs
+    for i, (a, b) in enumerate(zip(sim_run, vllm_run)):
+        assert a == b, (i, a, b)
+    removed = sum(1 for _, evs in vllm_run for e in evs if e["type"] == "BlockRemoved")
+    cached = [c for c, _ in vllm_run]
+    assert removed >= 30 and any(0 < c < 576 for c in cached[3:]), (removed, cached)  # evictions, partial hits
