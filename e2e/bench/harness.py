@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -326,6 +327,28 @@ def percentile(values, q):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+# Bootstrap resamples behind every 95 % interval (fixed seed: the same data gives the same interval).
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def bootstrap_ci(ttft, window_s, slo_ms, resamples=BOOTSTRAP_RESAMPLES, seed=0):
+    """95 % percentile-bootstrap intervals of the median and p95 TTFT and of goodput.
+
+    Requests are resampled with replacement, the window held fixed; each interval is the
+    2.5th–97.5th percentile of the statistic over the resamples. None without requests."""
+    if not ttft:
+        return None
+    rng = random.Random(seed)
+    p50, p95, good = [], [], []
+    for _ in range(resamples):
+        sample = rng.choices(ttft, k=len(ttft))
+        p50.append(percentile(sample, 0.5))
+        p95.append(percentile(sample, 0.95))
+        good.append(sum(1 for t in sample if t <= slo_ms) / window_s * 60)
+    interval = lambda xs: [percentile(xs, 0.025), percentile(xs, 0.975)]  # noqa: E731
+    return {"ttft_ms_p50": interval(p50), "ttft_ms_p95": interval(p95), "goodput_per_min": interval(good)}
+
+
 def window_requests(bench):
     """Successful requests that completed inside the measurement window (after the warm-up).
 
@@ -353,6 +376,7 @@ def summarise(raw, workload, time_scale, hit_rate):
         "requests": len(reqs),
         "requests_per_min": len(reqs) / window_s * 60,
         "goodput_per_min": good / window_s * 60,
+        "ci95": bootstrap_ci(ttft, window_s, SLO_MS[workload]),
         "cache_hit_rate": hit_rate,
         "slo_ms": SLO_MS[workload],
         "incomplete_at_end": incomplete,

@@ -14,6 +14,16 @@ def fmt(v, unit=""):
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
+def with_ci(r, key, unit=""):
+    """A figure and its 95 % bootstrap interval, e.g. `237 ms [221–250 ms]`."""
+    ci = (r.get("ci95") or {}).get(key)
+    if ci is None or r.get(key) is None:
+        return fmt(r.get(key), unit)
+    if unit:
+        return f"{fmt(r[key], unit)} [{fmt(ci[0], unit)}–{fmt(ci[1], unit)}]"
+    return f"{r[key]:.1f} [{ci[0]:.1f}–{ci[1]:.1f}]"
+
+
 def ratio(a, b):
     if not a or not b:
         return "-"
@@ -105,12 +115,13 @@ def write_report(out, meta, runs):
             peers = [x["ttft_ms_p50"] for x in same if x["router"] in PEERS and x["ttft_ms_p50"]]
             best_peer = min(peers) if peers else None
             lines.append(
-                f"| {r['router']} | {r['concurrency']} | {r.get('requests', '-')} | {fmt(r['ttft_ms_p50'], 'ms')} | {fmt(r['ttft_ms_p95'], 'ms')} | "
-                f"{fmt(r['itl_ms_p50'], 'ms')} | {r['e2e_s_p50']:.1f} s | {r['requests_per_min']:.1f} | {r['goodput_per_min']:.1f} | "
+                f"| {r['router']} | {r['concurrency']} | {r.get('requests', '-')} | {with_ci(r, 'ttft_ms_p50', 'ms')} | {with_ci(r, 'ttft_ms_p95', 'ms')} | "
+                f"{fmt(r['itl_ms_p50'], 'ms')} | {r['e2e_s_p50']:.1f} s | {r['requests_per_min']:.1f} | {with_ci(r, 'goodput_per_min')} | "
                 f"{100 * r['cache_hit_rate']:.0f} % | {behind(r)} | {ratio(r['ttft_ms_p50'], rnd['ttft_ms_p50'] if rnd else None)} | "
                 f"{ratio(r['ttft_ms_p50'], best_peer)} |")
         lines.append("")
     lines += ["Requests: completed inside the measurement window (the sample behind every figure of the row). "
+              "Brackets: 95 % percentile-bootstrap intervals (1,000 resamples of the row's requests, window fixed). "
               "Fleet behind: how far the simulated workers fell behind their timing model in that window (wall "
               "time lost / window, averaged over workers); near 0 % the figures are those of the model. "
               "Ratios: how many times lower this router's median TTFT is than random's / the best peer's at the same "
