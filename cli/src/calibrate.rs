@@ -197,7 +197,7 @@ impl Route for SpokeRoute {
                 cached.insert(key.clone(), tokens);
             }
         }
-        let snapshot = plan::snapshot(self.workers.iter().cloned().zip(views.iter()));
+        let snapshot = plan::snapshot(self.workers.iter().cloned().zip(views));
         let features = plan::features(&self.request, ctx.prompt.len() as u32, cached, self.requests);
         match plan::plan(&self.fleet, &snapshot, &features).outcome {
             Outcome::Route { target: Target::Worker { worker, .. } } => {

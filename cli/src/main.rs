@@ -19,6 +19,11 @@ mod vllm_fleet;
 
 use std::process::ExitCode;
 
+/// mimalloc: the request path allocates many small, short-lived objects, which the system
+/// allocator serves slowly (see `spoke-agent/README.md`, measured).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Switchyard: a multi-cluster inference control plane for vLLM.

@@ -19,6 +19,7 @@
 //! inputs always give the same decision; a provider is only chosen when no local candidate
 //! survived; a `pii` request is never routed to an external provider.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::Serialize;
@@ -202,6 +203,15 @@ impl Candidate {
     pub fn label(&self) -> String {
         self.target.to_string()
     }
+
+    /// The bytes of [`Candidate::label`], without building the string.
+    fn label_bytes(&self) -> impl Iterator<Item = u8> + '_ {
+        let (kind, a, b) = match &self.target {
+            Target::Worker { worker_set, worker, .. } => ("worker ", worker_set.as_str(), worker.as_str()),
+            Target::Provider { provider, model, .. } => ("provider ", provider.as_str(), model.as_str()),
+        };
+        kind.bytes().chain(a.bytes()).chain(std::iter::once(b'/')).chain(b.bytes())
+    }
 }
 
 /// Decides where `req` goes. Pure: see the module documentation for the stages.
@@ -327,6 +337,7 @@ fn gather(
     let mut local: Vec<Candidate> = Vec::new();
     let mut spill: Vec<Candidate> = Vec::new();
     let mut removed = Vec::new();
+    let mut seen_workers: HashSet<(&str, &str)> = HashSet::new();
     let output_tokens = f64::from(req.max_output_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT_TOKENS));
 
     for public in resolved {
@@ -334,16 +345,19 @@ fn gather(
         for ws_name in &pool.worker_sets {
             let Some(ws) = cfg.worker_sets.get(ws_name) else { continue };
             for worker in &ws.workers {
-                let key = WorkerKey { worker_set: ws.name.clone(), worker: worker.clone() };
-                let target = Target::Worker {
-                    worker_set: ws.name.clone(),
-                    worker: worker.clone(),
-                    served_model: ws.served_model.clone(),
-                };
-                if local.iter().any(|c| c.target == target) {
+                // A worker set reached through two public models is one set of candidates.
+                if !seen_workers.insert((ws.name.as_str(), worker.as_str())) {
                     continue;
                 }
-                let Some(state) = snapshot.worker(&key) else {
+                let key = WorkerKey { worker_set: ws.name.clone(), worker: worker.clone() };
+                let state = snapshot.worker(&key);
+                let cached = req.cached_on(&key);
+                let target = Target::Worker {
+                    worker_set: key.worker_set,
+                    worker: key.worker,
+                    served_model: ws.served_model.clone(),
+                };
+                let Some(state) = state else {
                     removed.push(Removal { candidate: target.to_string(), reason: "no state known".to_owned() });
                     continue;
                 };
@@ -351,7 +365,6 @@ fn gather(
                     removed.push(Removal { candidate: target.to_string(), reason: "unhealthy".to_owned() });
                     continue;
                 }
-                let cached = req.cached_on(&key);
                 let predicted = state.ttft.as_ref().unwrap_or(&ws.ttft).predict(&TtftInputs {
                     prompt_tokens: req.prompt_tokens,
                     cached_tokens: cached,
@@ -535,22 +548,28 @@ fn prefer_model(local: &mut Vec<Candidate>, model: &str, unless_cached_sooner: b
 /// Sorts best first: by the objective, then the other objective, then a per-request hash so
 /// equal candidates spread across requests.
 fn rank(cands: &mut Vec<Candidate>, objective: Objective, tie_breaker: u64) {
-    // Keys are computed once per candidate, not once per comparison.
-    let mut keyed: Vec<((f64, f64), u64, String, Candidate)> = cands
-        .drain(..)
-        .map(|c| {
+    // Sorts small keys, not candidates: keys are computed once per candidate, labels are
+    // compared (byte for byte, never built) only between otherwise equal candidates, and
+    // each candidate moves once.
+    let mut order: Vec<((f64, f64), u64, usize)> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
             let key = match objective {
                 Objective::PredictedTtft => (c.score_ms, c.estimated_cost_usd),
                 Objective::Cost => (c.estimated_cost_usd, c.score_ms),
             };
-            let label = c.label();
-            (key, mix(tie_breaker, &label), label, c)
+            (key, mix(tie_breaker, c.label_bytes()), i)
         })
         .collect();
-    keyed.sort_by(|(a, am, al, _), (b, bm, bl, _)| {
-        a.0.total_cmp(&b.0).then_with(|| a.1.total_cmp(&b.1)).then_with(|| am.cmp(bm)).then_with(|| al.cmp(bl))
+    order.sort_by(|(a, am, ai), (b, bm, bi)| {
+        a.0.total_cmp(&b.0)
+            .then_with(|| a.1.total_cmp(&b.1))
+            .then_with(|| am.cmp(bm))
+            .then_with(|| cands[*ai].label_bytes().cmp(cands[*bi].label_bytes()))
     });
-    cands.extend(keyed.into_iter().map(|(_, _, _, c)| c));
+    let mut slots: Vec<Option<Candidate>> = cands.drain(..).map(Some).collect();
+    cands.extend(order.iter().filter_map(|(_, _, i)| slots[*i].take()));
 }
 
 fn rank_entry(ranked: &[Candidate], objective: Objective) -> TraceEntry {
@@ -576,11 +595,47 @@ fn rank_entry(ranked: &[Candidate], objective: Objective) -> TraceEntry {
 }
 
 /// FNV-1a over the label, seeded: a stable, cheap tie-break order per request.
-fn mix(seed: u64, label: &str) -> u64 {
+fn mix(seed: u64, label: impl Iterator<Item = u8>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
-    for b in label.bytes() {
+    for b in label {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_bytes_are_the_label() {
+        let worker = Candidate {
+            target: Target::Worker { worker_set: "gpu-a".into(), worker: "w-1".into(), served_model: "m".into() },
+            public_model: "m".into(),
+            pool: "p".into(),
+            external: false,
+            region: None,
+            waiting_requests: 0,
+            running_requests: 0,
+            kv_cache_usage_percent: 0.0,
+            cached_tokens: 0,
+            predicted_ttft: TtftPrediction { total_ms: 0.0, queue_ms: 0.0, prefill_ms: 0.0 },
+            score_ms: 0.0,
+            estimated_cost_usd: 0.0,
+        };
+        let provider = Candidate {
+            target: Target::Provider {
+                provider: "bedrock".into(),
+                model: "claude".into(),
+                provider_model_id: "x".into(),
+            },
+            ..worker.clone()
+        };
+        for c in [&worker, &provider] {
+            assert_eq!(c.label_bytes().collect::<Vec<u8>>(), c.label().into_bytes());
+            assert_eq!(mix(7, c.label_bytes()), mix(7, c.label().bytes()));
+        }
+        assert_ne!(mix(7, worker.label_bytes()), mix(8, worker.label_bytes()));
+    }
 }

@@ -48,12 +48,12 @@ pub fn worker_state(v: &WorkerView) -> WorkerState {
 }
 
 /// A snapshot of `workers`.
-pub fn snapshot<'a>(workers: impl IntoIterator<Item = (WorkerKey, &'a WorkerView)>) -> FleetSnapshot {
-    let mut snap = FleetSnapshot::default();
-    for (key, view) in workers {
-        snap.workers.insert(key, worker_state(view));
+pub fn snapshot(workers: impl IntoIterator<Item = (WorkerKey, WorkerView)>) -> FleetSnapshot {
+    // Collecting builds the map in bulk from sorted keys instead of one insertion at a time.
+    FleetSnapshot {
+        workers: workers.into_iter().map(|(key, view)| (key, worker_state(&view))).collect(),
+        ..FleetSnapshot::default()
     }
-    snap
 }
 
 /// Spreads equal candidates across requests while keeping each decision reproducible.

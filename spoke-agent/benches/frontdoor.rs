@@ -91,7 +91,7 @@ async fn one(backend: &SpokeBackend, admission: &Admission, api: Api, body: &Byt
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke());
+    let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke(1, true));
     let backend = SpokeBackend(spoke.app.clone());
     let admission = Admission::new(1024, Duration::from_secs(1));
     // ~16,000 tokens of shared text, then a new tail per request. Bodies are built from

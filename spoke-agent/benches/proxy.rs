@@ -30,7 +30,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke());
+    let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke(1, true));
     let direct = format!("http://{}", fleet.workers[0].http);
     let via = format!("http://{}", spoke.addr);
     let client = reqwest::Client::new();

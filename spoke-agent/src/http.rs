@@ -28,6 +28,7 @@ use axum::routing::get;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use serde_json::{Map, Value, json};
 use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
+use switchyard_core::predictor::TtftModel;
 use switchyard_core::request::WorkerKey;
 use switchyard_core::resolve;
 use switchyard_gateway::admission::CpuPool;
@@ -51,6 +52,9 @@ use crate::topology::Topology;
 const DECISION_LOG: usize = 2048;
 /// Workers tried when connections are refused (healthy alternatives only).
 const MAX_ATTEMPTS: usize = 3;
+/// Ranked alternatives a decision trace keeps (the rest are counted): a trace per request
+/// of every worker of a large set would make the log itself the request path's cost.
+const TRACE_ALTERNATIVES: usize = 8;
 
 /// Limits of the spoke's request path.
 #[derive(Debug, Clone)]
@@ -96,8 +100,8 @@ pub struct App {
     pub client: reqwest::Client,
     /// Counters and histograms.
     pub metrics: Metrics,
-    /// Recent decisions, by request id.
-    pub decisions: Mutex<VecDeque<(String, Value)>>,
+    /// Recent decisions, by request id, with the fidelity mode of every set at the time.
+    pub(crate) decisions: Mutex<VecDeque<DecisionTrace>>,
     /// Request counter (tie breaking only; never exposed).
     pub next_request: AtomicU64,
     /// Limits.
@@ -112,14 +116,24 @@ pub struct App {
 #[derive(Clone)]
 pub struct SpokeBackend(pub Arc<App>);
 
-/// Per worker set: the prompt's tokens and block hashes.
-struct SetTokens {
-    tokens: usize,
+/// One worker set's view of the prompt, as the tokenization phase leaves it.
+pub struct SetPrompt {
+    /// The worker set.
+    pub set: String,
+    /// The prompt's tokens exactly as the set's engines will compute them.
+    pub tokens: Vec<u32>,
     /// BLAKE3 of the token ids (little-endian u32s): lets a test or an operator compare the
     /// spoke's tokenization with the engine's `/tokenize` without the trace holding the prompt.
+    pub digest: blake3::Hash,
+    /// The body that was tokenized, sent as it is to the set's workers.
+    pub body: Arc<Map<String, Value>>,
+}
+
+/// Per worker set, what the planning step keeps of the prompt.
+struct SetTokens {
+    tokens: usize,
     digest: blake3::Hash,
     hashes: Arc<Vec<LocalBlockHash>>,
-    /// The body that was tokenized, sent as it is to the set's workers.
     body: Arc<Map<String, Value>>,
 }
 
@@ -147,7 +161,7 @@ impl App {
         topo: &Topology,
         set: &str,
         req: &InferenceRequest,
-    ) -> Result<Option<(Vec<u32>, Arc<Map<String, Value>>)>, GatewayError> {
+    ) -> Result<Option<SetPrompt>, GatewayError> {
         let Some(rt) = self.registry.set(set) else { return Ok(None) };
         let Ok(tokenizer) = &rt.tokenizer else { return Ok(None) };
         let served = topo.fleet.worker_sets.get(set).map(|ws| ws.served_model.as_str()).unwrap_or(req.model.as_str());
@@ -164,7 +178,7 @@ impl App {
             .tokens(api, body.clone(), &self.client, render_url.as_deref(), &self.cpu, self.limits.render_timeout)
             .await
         {
-            Ok(t) => Ok(Some((t, body))),
+            Ok(tokens) => Ok(Some(SetPrompt { set: set.to_owned(), digest: token_digest(&tokens), tokens, body })),
             Err(TokenizeError::BadRequest(msg)) => Err(GatewayError::invalid(msg)),
             Err(TokenizeError::Unavailable(msg)) => {
                 tracing::warn!(worker_set = %set, error = %msg, "tokenization unavailable; routing this set by load");
@@ -183,93 +197,122 @@ fn reject_error(reason: RejectReason, message: String) -> GatewayError {
     }
 }
 
-impl Backend for SpokeBackend {
-    fn models(&self) -> Vec<String> {
-        let topo = self.0.topology.borrow().clone();
-        topo.fleet.models.keys().chain(topo.fleet.aliases.keys()).cloned().collect()
-    }
-
-    async fn count_tokens(&self, req: Arc<InferenceRequest>) -> Result<u32, GatewayError> {
-        let app = &self.0;
-        let topo = app.topology.borrow().clone();
-        for set in app.worker_sets(&topo, &req.model)? {
-            if let Some((tokens, _)) = app.tokens_for(&topo, &set, &req).await? {
-                return Ok(tokens.len() as u32);
-            }
-        }
-        Err(GatewayError::new(ErrorKind::NoCapacity, "no_tokenizer", "no tokenizer is available for this model"))
-    }
-
-    async fn route(&self, req: Arc<InferenceRequest>) -> Result<Routed, GatewayError> {
+impl SpokeBackend {
+    /// The planning half of routing, after tokenization: the KV-index lookup, the snapshot,
+    /// the pure decision, the booking of the first choice and the ranked targets. It never
+    /// awaits, so no request planned after it can miss its booking; it is what the routing
+    /// benchmark times (`benches/routing.rs`).
+    pub fn place(
+        &self,
+        topo: &Topology,
+        req: &Arc<InferenceRequest>,
+        sets: &[String],
+        prompts: &[SetPrompt],
+    ) -> Result<Routed, GatewayError> {
         let app = &self.0;
         let request_no = app.next_request.fetch_add(1, Ordering::Relaxed) + 1;
-        let topo = app.topology.borrow().clone();
-        let sets = app.worker_sets(&topo, &req.model)?;
+        let workers: Vec<Arc<WorkerRuntime>> =
+            app.registry.workers().into_iter().filter(|w| sets.contains(&w.key.worker_set)).collect();
 
-        let mut per_set: HashMap<String, SetTokens> = HashMap::new();
+        let mut per_set: HashMap<String, SetTokens> = HashMap::with_capacity(prompts.len());
         let mut cached = BTreeMap::new();
         let mut indexed_cached: HashMap<WorkerKey, u32> = HashMap::new();
         let mut prompt_tokens: Option<u32> = None;
-        for name in &sets {
-            let Some((toks, body)) = app.tokens_for(&topo, name, &req).await? else { continue };
-            let Some(set) = app.registry.set(name) else { continue };
-            prompt_tokens.get_or_insert(toks.len() as u32);
-            let hashes = set.index.hashes(&toks);
-            let overlaps = set.index.overlaps(&hashes);
+        for prompt in prompts {
+            let Some(set) = app.registry.set(&prompt.set) else { continue };
+            prompt_tokens.get_or_insert(prompt.tokens.len() as u32);
+            let hashes = set.index.hashes(&prompt.tokens);
+            let overlaps = set.index.lookup(&hashes);
             let mode = set.guard.lock().map(|g| g.mode()).unwrap_or(Mode::Exact);
             let bs = set.index.block_size();
-            for w in app.registry.workers().into_iter().filter(|w| w.key.worker_set == *name) {
-                let trusted = mode.trusted_cached(overlaps.get(&w.id).copied().unwrap_or(0) * bs);
-                if trusted > 0 {
-                    cached.insert(w.key.clone(), trusted);
+            for w in workers.iter().filter(|w| w.key.worker_set == prompt.set) {
+                if let Some(&blocks) = overlaps.with_pending.get(&w.id) {
+                    let trusted = mode.trusted_cached(blocks * bs);
+                    if trusted > 0 {
+                        cached.insert(w.key.clone(), trusted);
+                    }
                 }
-                indexed_cached.insert(w.key.clone(), set.index.indexed_overlap(w.id, &hashes) * bs);
+                if let Some(&blocks) = overlaps.indexed.get(&w.id) {
+                    indexed_cached.insert(w.key.clone(), blocks * bs);
+                }
             }
-            let digest = token_digest(&toks);
-            per_set.insert(name.clone(), SetTokens { tokens: toks.len(), digest, hashes: Arc::new(hashes), body });
+            per_set.insert(
+                prompt.set.clone(),
+                SetTokens {
+                    tokens: prompt.tokens.len(),
+                    digest: prompt.digest,
+                    hashes: Arc::new(hashes),
+                    body: prompt.body.clone(),
+                },
+            );
         }
 
-        let features = plan::features(&req, prompt_tokens.unwrap_or(0), cached.clone(), request_no);
-        let views: Vec<(WorkerKey, plan::WorkerView)> = app
-            .registry
-            .workers()
-            .into_iter()
-            .filter(|w| sets.contains(&w.key.worker_set))
-            .map(|w| (w.key.clone(), worker_view(&app.registry, &w)))
+        let features = plan::features(req, prompt_tokens.unwrap_or(0), cached, request_no);
+        let cached = &features.cached_tokens;
+        let ttft: HashMap<&str, Option<TtftModel>> = sets
+            .iter()
+            .map(|s| (s.as_str(), app.registry.set(s).and_then(|rt| rt.calibration.lock().ok().map(|c| c.model()))))
             .collect();
-        let snapshot = plan::snapshot(views.iter().map(|(k, v)| (k.clone(), v)));
+        let snapshot = plan::snapshot(
+            workers
+                .iter()
+                .map(|w| (w.key.clone(), worker_view(w, ttft.get(w.key.worker_set.as_str()).copied().flatten()))),
+        );
         let started = Instant::now();
         let decision = plan::plan(&topo.fleet, &snapshot, &features);
         app.metrics.observe(m::DECISION_SECONDS, &[], started.elapsed().as_secs_f64());
 
+        let trace = |mut decision: switchyard_core::Decision, targets| DecisionTrace {
+            omitted_alternatives: decision.alternatives.len().saturating_sub(TRACE_ALTERNATIVES),
+            decision: {
+                decision.alternatives.truncate(TRACE_ALTERNATIVES);
+                decision
+            },
+            id: req.id.clone(),
+            modes: app
+                .registry
+                .sets()
+                .iter()
+                .map(|s| (s.config.name.clone(), s.guard.lock().map(|g| g.mode()).unwrap_or(Mode::Exact)))
+                .collect(),
+            targets,
+            tokens: per_set.iter().map(|(s, t)| (s.clone(), t.tokens, t.hashes.len(), t.digest)).collect(),
+            cached: cached.clone(),
+            indexed: indexed_cached.clone(),
+        };
         match &decision.outcome {
             Decided::Route { target: DecidedTarget::Worker { .. } } => {}
             Decided::Route { target: DecidedTarget::Provider { provider, .. } } => {
-                log_decision(app, &req.id, &decision, &per_set, &cached, &indexed_cached, &[]);
-                return Err(GatewayError::new(
+                let err = GatewayError::new(
                     ErrorKind::NoCapacity,
                     "spillover_unavailable",
                     format!("no local worker is available and spillover to `{provider}` is handled by the hub"),
-                ));
+                );
+                app.log_decision(trace(decision, Vec::new()));
+                return Err(err);
             }
             Decided::Reject { reason, message } => {
-                log_decision(app, &req.id, &decision, &per_set, &cached, &indexed_cached, &[]);
-                return Err(reject_error(*reason, message.clone()));
+                let err = reject_error(*reason, message.clone());
+                app.log_decision(trace(decision, Vec::new()));
+                return Err(err);
             }
             Decided::Queue { message } => {
-                log_decision(app, &req.id, &decision, &per_set, &cached, &indexed_cached, &[]);
-                return Err(GatewayError {
+                let err = GatewayError {
                     retry_after: Some(Duration::from_secs(1)),
                     ..GatewayError::new(ErrorKind::RateLimited, "queued", message.clone())
-                });
+                };
+                app.log_decision(trace(decision, Vec::new()));
+                return Err(err);
             }
         }
 
-        let ranked =
-            plan::ranked_workers(&decision, MAX_ATTEMPTS, |k| app.registry.worker(k).is_some_and(|w| w.load.healthy()));
-        let mut targets: Vec<Box<dyn Target>> = Vec::new();
-        for (i, (key, served_model)) in ranked.iter().enumerate() {
-            let (Some(worker), Some(set)) = (app.registry.worker(key), app.registry.set(&key.worker_set)) else {
+        let healthy = |k: &WorkerKey| workers.iter().any(|w| w.key == *k && w.load.healthy());
+        let ranked = plan::ranked_workers(&decision, MAX_ATTEMPTS, healthy);
+        let mut targets: Vec<Box<dyn Target>> = Vec::with_capacity(ranked.len());
+        for (i, (key, served_model)) in ranked.into_iter().enumerate() {
+            let (Some(worker), Some(set)) =
+                (workers.iter().find(|w| w.key == key).cloned(), app.registry.set(&key.worker_set))
+            else {
                 continue;
             };
             let (tokens, hashes) = per_set
@@ -284,7 +327,7 @@ impl Backend for SpokeBackend {
                 upstream: OpenAiUpstream {
                     client: app.client.clone(),
                     base_url: worker.endpoint.http_url.clone(),
-                    served_model: served_model.clone(),
+                    served_model,
                     body: per_set.get(&key.worker_set).map(|t| t.body.clone()),
                     bounds: app.limits.bounds,
                 },
@@ -293,14 +336,45 @@ impl Backend for SpokeBackend {
                 worker,
                 hashes,
                 prompt_tokens: tokens,
-                routed_cached: cached.get(key).copied().unwrap_or(0),
-                indexed_cached: indexed_cached.get(key).copied().unwrap_or(0),
+                routed_cached: cached.get(&key).copied().unwrap_or(0),
+                indexed_cached: indexed_cached.get(&key).copied().unwrap_or(0),
                 first_booking: Mutex::new(first_booking),
             }));
         }
         let labels: Vec<String> = targets.iter().map(|t| t.label().to_owned()).collect();
-        log_decision(app, &req.id, &decision, &per_set, &cached, &indexed_cached, &labels);
+        app.log_decision(trace(decision, labels));
         Ok(Routed { targets, prompt_tokens, headers: Vec::new() })
+    }
+}
+
+impl Backend for SpokeBackend {
+    fn models(&self) -> Vec<String> {
+        let topo = self.0.topology.borrow().clone();
+        topo.fleet.models.keys().chain(topo.fleet.aliases.keys()).cloned().collect()
+    }
+
+    async fn count_tokens(&self, req: Arc<InferenceRequest>) -> Result<u32, GatewayError> {
+        let app = &self.0;
+        let topo = app.topology.borrow().clone();
+        for set in app.worker_sets(&topo, &req.model)? {
+            if let Some(prompt) = app.tokens_for(&topo, &set, &req).await? {
+                return Ok(prompt.tokens.len() as u32);
+            }
+        }
+        Err(GatewayError::new(ErrorKind::NoCapacity, "no_tokenizer", "no tokenizer is available for this model"))
+    }
+
+    async fn route(&self, req: Arc<InferenceRequest>) -> Result<Routed, GatewayError> {
+        let app = &self.0;
+        let topo = app.topology.borrow().clone();
+        let sets = app.worker_sets(&topo, &req.model)?;
+        let mut prompts = Vec::with_capacity(sets.len());
+        for name in &sets {
+            if let Some(prompt) = app.tokens_for(&topo, name, &req).await? {
+                prompts.push(prompt);
+            }
+        }
+        self.place(&topo, &req, &sets, &prompts)
     }
 
     fn ready(&self) -> bool {
@@ -318,7 +392,7 @@ impl Backend for SpokeBackend {
 }
 
 /// What the spoke knows about one worker when it plans.
-fn worker_view(registry: &Registry, w: &WorkerRuntime) -> plan::WorkerView {
+fn worker_view(w: &WorkerRuntime, ttft: Option<TtftModel>) -> plan::WorkerView {
     let (engine, _) = w.load.engine();
     plan::WorkerView {
         healthy: w.load.healthy(),
@@ -327,7 +401,7 @@ fn worker_view(registry: &Registry, w: &WorkerRuntime) -> plan::WorkerView {
         kv_usage: engine.kv_usage,
         unstarted_requests: w.load.inflight_unstarted.load(Ordering::Relaxed) as u32,
         unstarted_prefill_tokens: w.load.inflight_prefill_tokens.load(Ordering::Relaxed),
-        ttft: registry.set(&w.key.worker_set).and_then(|s| s.calibration.lock().ok().map(|c| c.model())),
+        ttft,
     }
 }
 
@@ -495,43 +569,62 @@ impl Observer for FidelityObserver {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn log_decision(
-    app: &App,
-    id: &str,
-    decision: &switchyard_core::Decision,
-    per_set: &HashMap<String, SetTokens>,
-    cached: &BTreeMap<WorkerKey, u32>,
-    indexed: &HashMap<WorkerKey, u32>,
-    targets: &[String],
-) {
-    let tokens: Map<String, Value> = per_set
-        .iter()
-        .map(|(set, t)| (set.clone(), json!({"promptTokens": t.tokens, "fullBlocks": t.hashes.len(), "tokenDigest": t.digest.to_hex().as_str()})))
-        .collect();
-    let per_worker = |k: &WorkerKey, v: u32| json!({"workerSet": k.worker_set, "worker": k.worker, "cachedTokens": v});
-    let modes: Map<String, Value> = app
-        .registry
-        .sets()
-        .iter()
-        .map(|s| (s.config.name.clone(), json!(s.guard.lock().map(|g| g.mode()).unwrap_or(Mode::Exact))))
-        .collect();
-    let entry = json!({
-        "id": id,
-        "decision": decision,
-        "chosen": targets.first(),
-        "attempts": targets,
-        "tokens": tokens,
-        "cachedTokens": cached.iter().map(|(k, v)| per_worker(k, *v)).collect::<Vec<_>>(),
-        "indexedCachedTokens": indexed.iter().filter(|(_, v)| **v > 0).map(|(k, v)| per_worker(k, *v)).collect::<Vec<_>>(),
-        "fidelityModes": modes,
-    });
-    if let Ok(mut log) = app.decisions.lock() {
-        log.push_back((id.to_owned(), entry));
-        while log.len() > DECISION_LOG {
-            log.pop_front();
+/// What `/debug/decisions/{id}` shows of one decision. Kept typed and rendered only when
+/// asked for: the request path pays for a move into the log, not for JSON.
+pub(crate) struct DecisionTrace {
+    /// Ranked alternatives beyond the first [`TRACE_ALTERNATIVES`], not kept.
+    omitted_alternatives: usize,
+    /// The request's id.
+    id: String,
+    /// Every worker set's fidelity mode at the time.
+    modes: Vec<(String, Mode)>,
+    decision: switchyard_core::Decision,
+    /// Labels of the targets handed to the relay, first choice first.
+    targets: Vec<String>,
+    /// Per worker set: prompt tokens, full blocks, token digest.
+    tokens: Vec<(String, usize, usize, blake3::Hash)>,
+    /// Cached tokens routing trusted (index, pending blocks and the fidelity guard).
+    cached: BTreeMap<WorkerKey, u32>,
+    /// Cached tokens the engines' events announced.
+    indexed: HashMap<WorkerKey, u32>,
+}
+
+impl App {
+    fn log_decision(&self, trace: DecisionTrace) {
+        if let Ok(mut log) = self.decisions.lock() {
+            log.push_back(trace);
+            while log.len() > DECISION_LOG {
+                log.pop_front();
+            }
         }
     }
+}
+
+fn render_trace(t: &DecisionTrace) -> Value {
+    let tokens: Map<String, Value> = t
+        .tokens
+        .iter()
+        .map(|(set, tokens, blocks, digest)| {
+            (
+                set.clone(),
+                json!({"promptTokens": tokens, "fullBlocks": blocks, "tokenDigest": digest.to_hex().as_str()}),
+            )
+        })
+        .collect();
+    let per_worker = |k: &WorkerKey, v: u32| json!({"workerSet": k.worker_set, "worker": k.worker, "cachedTokens": v});
+    let mut indexed: Vec<(&WorkerKey, &u32)> = t.indexed.iter().collect();
+    indexed.sort();
+    json!({
+        "id": t.id,
+        "decision": t.decision,
+        "omittedAlternatives": t.omitted_alternatives,
+        "chosen": t.targets.first(),
+        "attempts": t.targets,
+        "tokens": tokens,
+        "cachedTokens": t.cached.iter().map(|(k, v)| per_worker(k, *v)).collect::<Vec<_>>(),
+        "indexedCachedTokens": indexed.into_iter().map(|(k, v)| per_worker(k, *v)).collect::<Vec<_>>(),
+        "fidelityModes": t.modes.iter().map(|(s, m)| (s.clone(), json!(m))).collect::<Map<String, Value>>(),
+    })
 }
 
 /// BLAKE3 over the token ids as little-endian u32s.
@@ -605,8 +698,7 @@ async fn status(State(app): State<Shared>) -> Response {
 }
 
 async fn debug_decision(State(app): State<Shared>, AxPath(id): AxPath<String>) -> Response {
-    let found =
-        app.decisions.lock().ok().and_then(|log| log.iter().rev().find(|(k, _)| *k == id).map(|(_, v)| v.clone()));
+    let found = app.decisions.lock().ok().and_then(|log| log.iter().rev().find(|t| t.id == id).map(render_trace));
     match found {
         Some(v) => axum::Json(v).into_response(),
         None => GatewayError::new(ErrorKind::NotFound, "not_found", "no such decision in the recent log")

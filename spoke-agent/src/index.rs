@@ -7,15 +7,19 @@
 //! create on the worker it was just sent to, so the next request with the same prefix follows
 //! it before the engine's `BlockStored` arrives. Pending entries expire after
 //! [`PENDING_TTL`]; by then the engine has either announced the blocks or evicted them.
+//!
+//! A booking is the routed prompt's whole block sequence, shared with the request (`Arc`), so
+//! booking and releasing cost O(1) on the request path, and a lookup matches each booking as
+//! a sequence from its first block: a block counts as pending only after the same blocks
+//! before it, as in the engine's cache.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::indexer::{KvIndexerInterface, SyncIndexer};
 use dynamo_kv_router::protocols::{
-    BlockHashOptions, KvCacheEvent, KvCacheEventData, LocalBlockHash, RouterEvent, WorkerId, WorkerWithDpRank,
-    compute_block_hash_for_seq,
+    BlockHashOptions, KvCacheEvent, KvCacheEventData, LocalBlockHash, RouterEvent, WorkerId, compute_block_hash_for_seq,
 };
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, ThreadPoolIndexer};
 
@@ -23,14 +27,44 @@ use dynamo_kv_router::{ConcurrentRadixTreeCompressed, ThreadPoolIndexer};
 /// events confirm them.
 pub const PENDING_TTL: Duration = Duration::from_secs(20);
 
-/// Upper bound on pending blocks per worker (memory guard).
+/// Upper bound on pending blocks per worker (memory guard): past it the oldest bookings go.
 const PENDING_MAX_PER_WORKER: usize = 200_000;
+
+/// The block sequences of requests just routed to one worker, oldest first.
+#[derive(Default)]
+struct Pending {
+    bookings: VecDeque<(Arc<Vec<LocalBlockHash>>, Instant)>,
+    blocks: usize,
+}
+
+impl Pending {
+    /// Drops expired bookings, then the oldest while over the memory guard.
+    fn prune(&mut self, now: Instant) {
+        while let Some((hashes, expiry)) = self.bookings.front() {
+            if *expiry > now && self.blocks <= PENDING_MAX_PER_WORKER {
+                break;
+            }
+            self.blocks -= hashes.len();
+            self.bookings.pop_front();
+        }
+    }
+
+    /// Leading blocks of `hashes` that one live booking shares.
+    fn overlap(&self, hashes: &[LocalBlockHash], now: Instant) -> u32 {
+        self.bookings
+            .iter()
+            .filter(|(_, expiry)| *expiry > now)
+            .map(|(booked, _)| booked.iter().zip(hashes).take_while(|(a, b)| a == b).count())
+            .max()
+            .unwrap_or(0) as u32
+    }
+}
 
 /// The KV index of one worker set.
 pub struct KvIndex {
     tree: ThreadPoolIndexer<ConcurrentRadixTreeCompressed>,
     block_size: u32,
-    pending: Mutex<HashMap<WorkerId, HashMap<u64, Instant>>>,
+    pending: Mutex<HashMap<WorkerId, Pending>>,
 }
 
 impl std::fmt::Debug for KvIndex {
@@ -59,21 +93,25 @@ impl KvIndex {
         compute_block_hash_for_seq(tokens, self.block_size, BlockHashOptions::default())
     }
 
-    /// Leading blocks of `hashes` cached on each worker (index or pending), workers with none
-    /// omitted.
-    pub fn overlaps(&self, hashes: &[LocalBlockHash]) -> HashMap<WorkerId, u32> {
+    /// Leading blocks of `hashes` cached on each worker, in one walk of the tree: what the
+    /// engines announced, and that plus the pending blocks of requests just routed. Workers
+    /// with none are omitted.
+    pub fn lookup(&self, hashes: &[LocalBlockHash]) -> Overlaps {
         let scores = self.tree.backend().find_matches(hashes, false);
-        let mut out: HashMap<WorkerId, u32> = scores.scores.iter().map(|(w, n)| (w.worker_id, *n)).collect();
+        let indexed: HashMap<WorkerId, u32> =
+            scores.scores.iter().filter(|(_, n)| **n > 0).map(|(w, n)| (w.worker_id, *n)).collect();
+        let mut with_pending = indexed.clone();
         let now = Instant::now();
         if let Ok(pending) = self.pending.lock() {
-            for (worker, blocks) in pending.iter() {
-                let n = hashes.iter().take_while(|h| blocks.get(&h.0).is_some_and(|exp| *exp > now)).count() as u32;
-                let e = out.entry(*worker).or_insert(0);
-                *e = (*e).max(n);
+            for (worker, booked) in pending.iter() {
+                let n = booked.overlap(hashes, now);
+                if n > 0 {
+                    let e = with_pending.entry(*worker).or_insert(0);
+                    *e = (*e).max(n);
+                }
             }
         }
-        out.retain(|_, n| *n > 0);
-        out
+        Overlaps { indexed, with_pending }
     }
 
     /// Applies one event (asynchronously, in order per worker).
@@ -100,28 +138,28 @@ impl KvIndex {
     }
 
     /// Records that `worker` is about to cache `hashes` (the request just routed there).
-    pub fn book(&self, worker: WorkerId, hashes: &[LocalBlockHash]) {
+    pub fn book(&self, worker: WorkerId, hashes: &Arc<Vec<LocalBlockHash>>) {
+        if hashes.is_empty() {
+            return;
+        }
         let now = Instant::now();
-        let expiry = now + PENDING_TTL;
         if let Ok(mut p) = self.pending.lock() {
-            let blocks = p.entry(worker).or_default();
-            if blocks.len() + hashes.len() > PENDING_MAX_PER_WORKER {
-                blocks.retain(|_, exp| *exp > now);
-            }
-            for h in hashes {
-                blocks.insert(h.0, expiry);
-            }
+            let pending = p.entry(worker).or_default();
+            pending.blocks += hashes.len();
+            pending.bookings.push_back((hashes.clone(), now + PENDING_TTL));
+            pending.prune(now);
         }
     }
 
-    /// Forgets pending blocks of `worker` (the request failed before reaching the engine).
-    pub fn unbook(&self, worker: WorkerId, hashes: &[LocalBlockHash]) {
+    /// Forgets the booking of `hashes` on `worker` (the request failed before reaching the
+    /// engine): the one made with this very sequence.
+    pub fn unbook(&self, worker: WorkerId, hashes: &Arc<Vec<LocalBlockHash>>) {
         if let Ok(mut p) = self.pending.lock()
-            && let Some(blocks) = p.get_mut(&worker)
+            && let Some(pending) = p.get_mut(&worker)
+            && let Some(i) = pending.bookings.iter().rposition(|(booked, _)| Arc::ptr_eq(booked, hashes))
+            && let Some((booked, _)) = pending.bookings.remove(i)
         {
-            for h in hashes {
-                blocks.remove(&h.0);
-            }
+            pending.blocks -= booked.len();
         }
     }
 
@@ -129,10 +167,90 @@ impl KvIndex {
     pub async fn flush(&self) {
         let _ = self.tree.flush_and_wait().await;
     }
+}
 
-    /// Blocks the tree holds for `worker` matching `hashes`, ignoring pending entries.
-    pub fn indexed_overlap(&self, worker: WorkerId, hashes: &[LocalBlockHash]) -> u32 {
-        let scores = self.tree.backend().find_matches(hashes, false);
-        scores.scores.get(&WorkerWithDpRank::new(worker, 0)).copied().unwrap_or(0)
+/// Leading cached blocks of one prompt per worker (workers with none omitted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overlaps {
+    /// As the engines' events announced them.
+    pub indexed: HashMap<WorkerId, u32>,
+    /// Counting pending blocks too: what routing uses.
+    pub with_pending: HashMap<WorkerId, u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use dynamo_kv_router::zmq_wire::ZmqEventNormalizer;
+    use switchyard_sim::engine::KvEvent;
+    use switchyard_sim::wire::{WireFormat, encode_batch};
+
+    use super::*;
+    use crate::kv_subscriber::decode_batch;
+
+    fn announce(index: &KvIndex, worker: WorkerId, tokens: &[u32]) {
+        let bs = index.block_size();
+        let blocks = tokens.len() as u32 / bs;
+        let ev = KvEvent::BlockStored {
+            block_hashes: (0..u64::from(blocks)).map(|b| (worker << 32) | (b + 1)).collect(),
+            parent_block_hash: None,
+            token_ids: tokens[..(blocks * bs) as usize].to_vec(),
+            block_size: bs,
+        };
+        let mut normalizer = ZmqEventNormalizer::new(bs);
+        let batch = decode_batch(&mut normalizer, worker, &mut 0, &encode_batch(0.0, &[ev], 0, WireFormat::Current))
+            .expect("decodes");
+        for e in batch.events {
+            index.apply(e);
+        }
+    }
+
+    #[tokio::test]
+    async fn one_lookup_reports_announced_and_pending_blocks_apart() {
+        let index = KvIndex::new(4);
+        let tokens: Vec<u32> = (0..40).collect();
+        announce(&index, 1, &tokens[..24]);
+        index.flush().await;
+        let hashes = index.hashes(&tokens);
+        assert_eq!(hashes.len(), 10);
+        let only = |pairs: &[(WorkerId, u32)]| pairs.iter().copied().collect::<HashMap<_, _>>();
+
+        let o = index.lookup(&hashes);
+        assert_eq!(o, Overlaps { indexed: only(&[(1, 6)]), with_pending: only(&[(1, 6)]) });
+
+        // A request just routed to worker 2 with the first 8 blocks, and one to worker 1 with
+        // all 10: routing sees both, the announced figures do not move.
+        let (first_eight, all) = (Arc::new(hashes[..8].to_vec()), Arc::new(hashes.clone()));
+        index.book(2, &first_eight);
+        index.book(1, &all);
+        let o = index.lookup(&hashes);
+        assert_eq!(o.indexed, only(&[(1, 6)]));
+        assert_eq!(o.with_pending, only(&[(1, 10), (2, 8)]));
+
+        // Released bookings leave only what the engine announced.
+        // Releasing an equal sequence that was never booked changes nothing.
+        index.unbook(2, &Arc::new(hashes[..8].to_vec()));
+        assert_eq!(index.lookup(&hashes).with_pending, only(&[(1, 10), (2, 8)]));
+        index.unbook(1, &all);
+        index.unbook(2, &first_eight);
+        assert_eq!(index.lookup(&hashes), Overlaps { indexed: only(&[(1, 6)]), with_pending: only(&[(1, 6)]) });
+
+        // A prompt diverging in its first block matches nothing anywhere.
+        let mut other = tokens.clone();
+        other[0] = 99;
+        assert_eq!(index.lookup(&index.hashes(&other)), Overlaps::default());
+    }
+
+    #[test]
+    fn the_memory_guard_drops_the_oldest_bookings_first() {
+        let index = KvIndex::new(4);
+        let seq = |first: u64| Arc::new((first..first + 90_000).map(LocalBlockHash).collect::<Vec<_>>());
+        let (a, b, c) = (seq(0), seq(1_000_000), seq(2_000_000));
+        index.book(1, &a);
+        index.book(1, &b);
+        assert_eq!(index.lookup(&a).with_pending.get(&1), Some(&90_000));
+        index.book(1, &c);
+        assert_eq!(index.lookup(&a).with_pending.get(&1), None, "over 200,000 pending blocks, the oldest went");
+        assert_eq!(index.lookup(&b).with_pending.get(&1), Some(&90_000));
+        assert_eq!(index.lookup(&c).with_pending.get(&1), Some(&90_000));
     }
 }

@@ -454,7 +454,9 @@ pub fn decode_batch(
     Ok(DecodedBatch { events, raw_events })
 }
 
-struct Applier {
+/// Applies one worker's batches to the index, in order: decode, normalise, count, apply.
+/// The subscriber's own path; public so that the ingest benchmark times exactly it.
+pub struct Applier {
     spec: SubscriberSpec,
     index: Arc<KvIndex>,
     normalizer: ZmqEventNormalizer,
@@ -464,6 +466,19 @@ struct Applier {
 }
 
 impl Applier {
+    /// An applier for the worker `spec` describes, writing into `index` and `stats`.
+    pub fn new(spec: SubscriberSpec, index: Arc<KvIndex>, stats: Arc<KvStats>) -> Applier {
+        let block_size = index.block_size();
+        Applier {
+            spec,
+            index,
+            normalizer: ZmqEventNormalizer::new(block_size),
+            stats,
+            tracker: SeqTracker::default(),
+            event_id: 0,
+        }
+    }
+
     fn clear(&mut self) {
         self.event_id += 1;
         self.index.clear_worker(self.spec.worker_id, self.event_id);
@@ -472,7 +487,7 @@ impl Applier {
     }
 
     /// Decodes and applies one batch; false if it could not be decoded.
-    fn apply(&mut self, seq: u64, payload: &[u8]) -> bool {
+    pub fn apply(&mut self, seq: u64, payload: &[u8]) -> bool {
         let batch = match decode_batch(&mut self.normalizer, self.spec.worker_id, &mut self.event_id, payload) {
             Ok(b) => b,
             Err(e) => {
@@ -640,15 +655,7 @@ pub async fn replay(
 
 /// Runs the subscriber until `shutdown`.
 pub async fn run(spec: SubscriberSpec, index: Arc<KvIndex>, stats: Arc<KvStats>, shutdown: CancellationToken) {
-    let block_size = index.block_size();
-    let mut applier = Applier {
-        spec: spec.clone(),
-        index,
-        normalizer: ZmqEventNormalizer::new(block_size),
-        stats,
-        tracker: SeqTracker::default(),
-        event_id: 0,
-    };
+    let mut applier = Applier::new(spec.clone(), index, stats);
     let mut backoff = Duration::from_millis(50);
     loop {
         if shutdown.is_cancelled() {

@@ -8,6 +8,11 @@ use clap::Parser;
 use switchyard_spoke::cli_args::LimitArgs;
 use switchyard_spoke::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL, Spoke, SpokeConfig};
 
+/// mimalloc: the request path allocates many small, short-lived objects, which the system
+/// allocator serves slowly (see `spoke-agent/README.md`, measured).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Precise KV-cache-aware routing over one cluster's vLLM workers.
 #[derive(Parser, Debug)]
 #[command(name = "spoke-agent", version)]

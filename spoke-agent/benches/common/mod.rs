@@ -1,4 +1,4 @@
-//! A one-worker loopback fleet behind a real spoke, shared by the spoke's benches.
+//! Loopback fleets behind a real spoke, shared by the spoke's benches.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -6,13 +6,19 @@ use std::time::Duration;
 use switchyard_sim::{Fleet, KvEventsConfig, SimConfig};
 use switchyard_spoke::{Spoke, SpokeConfig};
 
-/// A simulated worker (zero step time, KV events on) and a spoke routing to it; the spoke's
+/// The allocator the `switchyard` binary runs with: benches measure what ships.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `workers` simulated workers (zero step time, KV events on when `kv_events`) in one worker
+/// set `s` of model `sim-model` with 16-token blocks, and a spoke routing to them; every
 /// worker has been scraped once this returns. Remove the returned directory when done.
-pub async fn fleet_and_spoke() -> (Fleet, Spoke, PathBuf) {
+pub async fn fleet_and_spoke(workers: u32, kv_events: bool) -> (Fleet, Spoke, PathBuf) {
     let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files");
     let fleet = Fleet::start(SimConfig {
         time_scale: 0.0,
-        kv_events: Some(KvEventsConfig {
+        workers,
+        kv_events: kv_events.then(|| KvEventsConfig {
             enable_kv_cache_events: true,
             publisher: None,
             endpoint: "tcp://*:0".into(),
@@ -25,15 +31,22 @@ pub async fn fleet_and_spoke() -> (Fleet, Spoke, PathBuf) {
     })
     .await
     .expect("fleet");
-    let w = &fleet.workers[0];
-    let kv_port = w.kv_events.as_deref().and_then(|e| e.rsplit(':').next()).unwrap_or("1").to_owned();
-    let dir = std::env::temp_dir().join(format!("spoke-bench-{}-{}", std::process::id(), w.http.port()));
+    let endpoints: Vec<String> = fleet
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let kv = w.kv_events.as_deref().and_then(|e| e.rsplit(':').next()).map(|p| format!(", kvEventsPort: {p}"));
+            format!("{{name: w{i}, host: 127.0.0.1, httpPort: {}{}}}", w.http.port(), kv.unwrap_or_default())
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("spoke-bench-{}-{}", std::process::id(), fleet.workers[0].http.port()));
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(
         dir.join("fleet.yaml"),
         format!(
-            "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: s}}\nspec:\n  model: sim-model\n  cluster: c\n  endpoints:\n    static: [{{name: w, host: 127.0.0.1, httpPort: {}, kvEventsPort: {kv_port}}}]\n  kvBlockSize: 16\n  tokenizer: {{source: Files, path: {}}}\n---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: p}}\nspec:\n  members: [{{workerSet: s}}]\n---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: g}}\nspec:\n  models: [{{name: sim-model, pool: p}}]\n",
-            w.http.port(),
+            "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: s}}\nspec:\n  model: sim-model\n  cluster: c\n  endpoints:\n    static: [{}]\n  kvEvents: {{enabled: {kv_events}}}\n  kvBlockSize: 16\n  tokenizer: {{source: Files, path: {}}}\n---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: p}}\nspec:\n  members: [{{workerSet: s}}]\n---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: g}}\nspec:\n  models: [{{name: sim-model, pool: p}}]\n",
+            endpoints.join(", "),
             tokenizer.display()
         ),
     )
@@ -44,13 +57,16 @@ pub async fn fleet_and_spoke() -> (Fleet, Spoke, PathBuf) {
     })
     .await
     .expect("spoke");
-    for _ in 0..100 {
-        if spoke.app.registry.workers().iter().all(|w| w.load.engine().1.is_some()) {
+    for _ in 0..200 {
+        let live = spoke.app.registry.workers();
+        if live.len() == workers as usize && live.iter().all(|w| w.load.healthy() && w.load.engine().1.is_some()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Let the KV subscriber connect.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    if kv_events {
+        // Let the KV subscribers connect.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     (fleet, spoke, dir)
 }
