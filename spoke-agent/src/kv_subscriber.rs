@@ -441,7 +441,10 @@ pub fn decode_batch(
     last_event_id: &mut u64,
     payload: &[u8],
 ) -> Result<DecodedBatch, BatchDecodeError> {
-    let batch = decode_event_batch(payload).map_err(|e| BatchDecodeError { reason: e.to_string() })?;
+    let batch = match crate::kv_wire::decode(payload) {
+        Some(batch) => batch,
+        None => decode_event_batch(payload).map_err(|e| BatchDecodeError { reason: e.to_string() })?,
+    };
     let worker = WorkerWithDpRank::new(worker_id, batch.data_parallel_rank.unwrap_or(0).max(0) as u32);
     let raw_events = batch.events.len();
     let mut events = Vec::with_capacity(raw_events);

@@ -13,6 +13,7 @@ pub mod fidelity;
 pub mod http;
 pub mod index;
 pub mod kv_subscriber;
+pub mod kv_wire;
 pub mod load;
 pub mod metric_names;
 pub mod metrics;
