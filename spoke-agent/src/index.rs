@@ -13,7 +13,7 @@
 //! a sequence from its first block: a block counts as pending only after the same blocks
 //! before it, as in the engine's cache.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,8 @@ use dynamo_kv_router::protocols::{
     BlockHashOptions, KvCacheEvent, KvCacheEventData, LocalBlockHash, RouterEvent, WorkerId, compute_block_hash_for_seq,
 };
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, ThreadPoolIndexer};
+// Worker ids are small integers: a hash made for them, not SipHash, on the request path.
+use rustc_hash::FxHashMap as HashMap;
 
 /// How long a routed request's blocks count as cached on its worker before the engine's own
 /// events confirm them.
@@ -79,7 +81,7 @@ impl KvIndex {
         KvIndex {
             tree: ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, block_size),
             block_size,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::default()),
         }
     }
 
@@ -98,9 +100,11 @@ impl KvIndex {
     /// with none are omitted.
     pub fn lookup(&self, hashes: &[LocalBlockHash]) -> Overlaps {
         let scores = self.tree.backend().find_matches(hashes, false);
-        let indexed: HashMap<WorkerId, u32> =
-            scores.scores.iter().filter(|(_, n)| **n > 0).map(|(w, n)| (w.worker_id, *n)).collect();
-        let mut with_pending = indexed.clone();
+        let mut indexed: HashMap<WorkerId, u32> =
+            HashMap::with_capacity_and_hasher(scores.scores.len(), Default::default());
+        indexed.extend(scores.scores.iter().filter(|(_, n)| **n > 0).map(|(w, n)| (w.worker_id, *n)));
+        let mut with_pending = HashMap::with_capacity_and_hasher(indexed.len() + 4, Default::default());
+        with_pending.extend(indexed.iter().map(|(w, n)| (*w, *n)));
         let now = Instant::now();
         if let Ok(pending) = self.pending.lock() {
             for (worker, booked) in pending.iter() {

@@ -6,7 +6,7 @@
 //! their index across reloads unless their block size changes; a changed tokenizer
 //! configuration rebuilds the tokenizer and restarts the fidelity window.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
 use dynamo_kv_router::protocols::WorkerId;
@@ -58,7 +58,9 @@ pub struct SetRuntime {
 
 #[derive(Default)]
 struct State {
-    workers: HashMap<WorkerKey, Arc<WorkerRuntime>>,
+    /// Ordered by key: [`Registry::workers`] hands planning its workers sorted, which is the
+    /// order the snapshot's map is built in.
+    workers: BTreeMap<WorkerKey, Arc<WorkerRuntime>>,
     sets: HashMap<String, Arc<SetRuntime>>,
     next_id: WorkerId,
 }
@@ -89,7 +91,7 @@ impl Registry {
         self.state.read().ok()?.sets.get(name).cloned()
     }
 
-    /// Every worker.
+    /// Every worker, in key order.
     pub fn workers(&self) -> Vec<Arc<WorkerRuntime>> {
         self.state.read().map(|s| s.workers.values().cloned().collect()).unwrap_or_default()
     }
@@ -145,7 +147,7 @@ impl Registry {
                 sets.insert(name.clone(), set);
             }
             // Workers.
-            let mut workers = HashMap::new();
+            let mut workers = BTreeMap::new();
             for (name, ws) in &topo.worker_sets {
                 let Some(set) = sets.get(name).cloned() else { continue };
                 for ep in &ws.workers {
