@@ -29,25 +29,32 @@ SLO_MS = {"control": 8000, "shared-prefix": 8000, "multi-turn": 4000}
 # Settings of the two modes per workload, in wall seconds at the workload's time scale.
 # Every wall millisecond of overhead (HTTP, JSON, tokenisation, the Python client, a busy
 # core) counts 1/scale ms at scale 1, so each workload runs at the smallest scale whose
-# figures that overhead does not distort, and the quick mode spends its 15 minutes where a
-# figure needs samples:
+# figures that overhead does not distort:
 # - shared-prefix at 0.25: its cached TTFTs are ~170 ms, so overhead matters most here;
-#   104 s of simulated warm-up place the 24 prefixes, and 84 s are measured (random's
-#   requests take ~60 s, a cache-aware router's ~18 s);
+#   104 s of simulated warm-up place the 24 prefixes;
 # - multi-turn at 0.2: 110 s warm-up (80 s left its conversations' first turns in the
-#   window), 70 s measured; its goal is goodput, which a few tens of ms do not move;
+#   window); its goal is goodput, which a few tens of ms do not move;
 # - control at 0.1: its requests take ~95 s at c = 32 and the first waves' synchronised
-#   prefills decide any shorter window's p95, so it measures 280 s after 180 s of warm-up;
-#   its figures are tens of seconds, where 10× overhead does not show.
+#   prefills decide any shorter window's p95, so it measures after 180 s of warm-up; its
+#   figures are tens of seconds, where 10× overhead does not show.
+# The quick mode's windows give every router × workload cell at least MIN_REQUESTS
+# completed requests (the slowest cells in earlier runs: control ~3.5 requests per wall
+# second, random's shared-prefix ~2.0, multi-turn ~6.0), and it runs only the routers its
+# goals compare: the peers, Switchyard and the oracle everywhere, random on shared-prefix
+# (the 30× goal). Round-robin, and random elsewhere, are in the full mode.
+MIN_REQUESTS = 150
+_GOAL_ROUTERS = ["sglang-cache-aware", "vllm-router-cache-aware", "switchyard", "oracle"]
 QUICK = {"concurrency": "32", "workloads": {
-    "control": {"time_scale": 0.1, "warmup": 18.0, "rampup": 4.0, "duration": 28.0},
-    "shared-prefix": {"time_scale": 0.25, "warmup": 26.0, "rampup": 10.0, "duration": 21.0},
-    "multi-turn": {"time_scale": 0.2, "warmup": 22.0, "rampup": 8.0, "duration": 14.0}}}
+    "control": {"time_scale": 0.1, "warmup": 18.0, "rampup": 4.0, "duration": 56.0},
+    "shared-prefix": {"time_scale": 0.25, "warmup": 26.0, "rampup": 10.0, "duration": 80.0},
+    "multi-turn": {"time_scale": 0.2, "warmup": 22.0, "rampup": 8.0, "duration": 28.0}},
+    "routers": {"control": _GOAL_ROUTERS, "shared-prefix": ["random", *_GOAL_ROUTERS], "multi-turn": _GOAL_ROUTERS}}
 _FULL_CACHED = {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 60.0}
 FULL = {"concurrency": "4,8,16,24,32", "workloads": {
     "control": {"time_scale": 0.2, "warmup": 40.0, "rampup": 10.0, "duration": 120.0},
     "shared-prefix": {"time_scale": 0.25, "warmup": 50.0, "rampup": 12.5, "duration": 75.0},
-    "multi-turn": _FULL_CACHED}}
+    "multi-turn": _FULL_CACHED},
+    "routers": {w: ROUTERS for w in WORKLOADS}}
 PROCS = []
 
 
@@ -331,20 +338,34 @@ def percentile(values, q):
 BOOTSTRAP_RESAMPLES = 1000
 
 
-def bootstrap_ci(ttft, window_s, slo_ms, resamples=BOOTSTRAP_RESAMPLES, seed=0):
-    """95 % percentile-bootstrap intervals of the median and p95 TTFT and of goodput.
+def poisson1(rng):
+    """A Poisson(1) draw (Knuth's method: few uniforms at this rate)."""
+    limit, k, p = 0.36787944117144233, 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
 
-    Requests are resampled with replacement, the window held fixed; each interval is the
-    2.5th–97.5th percentile of the statistic over the resamples. None without requests."""
+
+def bootstrap_ci(ttft, window_s, slo_ms, resamples=BOOTSTRAP_RESAMPLES, seed=0):
+    """95 % bootstrap intervals of the median and p95 TTFT and of goodput.
+
+    Median and p95: requests resampled with replacement (percentile bootstrap). Goodput is a
+    count per window, so it is resampled the Poisson way (each request weighted by a
+    Poisson(1) draw): resampling a fixed number of requests would give it no spread at all
+    whenever every request meets the SLO, although another run of the same window completes
+    a different number of them. Each interval is the 2.5th–97.5th percentile of the statistic
+    over the resamples. None without requests."""
     if not ttft:
         return None
     rng = random.Random(seed)
+    good_requests = sum(1 for t in ttft if t <= slo_ms)
     p50, p95, good = [], [], []
     for _ in range(resamples):
         sample = rng.choices(ttft, k=len(ttft))
         p50.append(percentile(sample, 0.5))
         p95.append(percentile(sample, 0.95))
-        good.append(sum(1 for t in sample if t <= slo_ms) / window_s * 60)
+        good.append(sum(poisson1(rng) for _ in range(good_requests)) / window_s * 60)
     interval = lambda xs: [percentile(xs, 0.025), percentile(xs, 0.975)]  # noqa: E731
     return {"ttft_ms_p50": interval(p50), "ttft_ms_p95": interval(p95), "goodput_per_min": interval(good)}
 
@@ -422,7 +443,7 @@ def main():
     mode.add_argument("--quick", action="store_true")
     mode.add_argument("--full", action="store_true")
     ap.add_argument("--out", default="results/bench")
-    ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--routers", help="comma-separated; default: the mode's routers per workload")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--concurrency", help="comma-separated list")
     # Each of these overrides the mode's setting for every workload.
@@ -450,8 +471,11 @@ def main():
     opts.concurrency = [int(c) for c in (opts.concurrency or mode["concurrency"]).split(",")]
     overrides = {k: getattr(opts, k) for k in ("time_scale", "warmup", "rampup", "duration") if getattr(opts, k) is not None}
     settings = {w: {**mode["workloads"][w], **overrides} for w in WORKLOADS}
-    routers = opts.routers.split(",")
     workloads = opts.workloads.split(",")
+    chosen = opts.routers.split(",") if opts.routers else None
+    routers_for = {w: chosen or mode["routers"][w] for w in workloads}
+    routers = [r for r in ROUTERS if any(r in routers_for[w] for w in workloads)] + \
+        [r for r in (chosen or []) if r not in ROUTERS]
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGINT, stop_all)
@@ -462,7 +486,7 @@ def main():
     guidellm = GuideLLM(out / "guidellm.log")
     try:
         for router in routers:
-            for workload in workloads:
+            for workload in [w for w in workloads if router in routers_for[w]]:
                 rdir = out / "runs" / router / workload
                 rdir.mkdir(parents=True, exist_ok=True)
                 scale = settings[workload]["time_scale"]
@@ -488,7 +512,8 @@ def main():
     finally:
         stop_all()
     meta = {"command": command, "profile": opts.profile, "workers": opts.workers,
-            "settings": {w: settings[w] for w in workloads}, "concurrency": opts.concurrency, "wall_s": round(time.time() - started),
+            "settings": {w: settings[w] for w in workloads}, "routers": routers_for, "min_requests": MIN_REQUESTS,
+            "concurrency": opts.concurrency, "wall_s": round(time.time() - started),
             "machine": machine(), "versions": versions(opts), "seed": opts.seed, "slo_ms": SLO_MS,
             "workloads": {w: data_spec(w, opts) for w in workloads}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
