@@ -5,11 +5,13 @@
 //! 1. [`SpokeBackend::route`] resolves the model to worker sets, renders the request into the
 //!    exact body each set's engines will receive ([`openai::upstream_body`]) and tokenizes that
 //!    body (local files on the CPU pool, or the engine's render endpoint with a timeout);
-//! 2. looks the prompt's blocks up in each set's KV index, builds the snapshot from live load
-//!    and the in-flight ledger, and runs the pure planning step ([`plan`]);
-//! 3. books the first choice's blocks before anything else can await, and hands the relay the
-//!    healthy alternatives in rank order, each with its observers: the load ledger, TTFT
-//!    calibration, the fidelity guard and worker health.
+//! 2. [`SpokeBackend::place`], which never awaits, looks the prompt's blocks up in each set's
+//!    KV index (one walk), builds the snapshot from live load and the in-flight ledger, and
+//!    runs the pure planning step ([`plan`]);
+//! 3. still inside `place`, books the first choice's blocks before anything else can await,
+//!    and hands the relay the healthy alternatives in rank order, each with its observers:
+//!    the load ledger, TTFT calibration, the fidelity guard and worker health. The decision
+//!    trace goes into the log typed and is rendered only when asked for.
 //!
 //! Admin endpoints (`/status`, `/metrics`, `/readyz`, `/debug/decisions/{id}`) are served on
 //! their own listener ([`admin_router`]), loopback by default. Decision ids are the request's
