@@ -52,10 +52,6 @@ def interval(r, key):
     return ci if ci else [r[key], r[key]]
 
 
-def shown(r, key, unit=""):
-    return with_ci(r, key, unit)
-
-
 def acceptance(runs, subject):
     """The goals for `subject` at every concurrency point that has the routers they compare:
     (c, goal, subject's figure, the figure it is compared with, holds)."""
@@ -70,18 +66,18 @@ def acceptance(runs, subject):
                 if peers:
                     best = min(peers, key=lambda p: p[key])
                     holds = interval(s, key)[0] <= interval(best, key)[1]
-                    rows.append((c, f"{w}: {what} no worse than the best peer's", shown(s, key, "ms"),
-                                 f"{best['router']} {shown(best, key, 'ms')}", holds))
+                    rows.append((c, f"{w}: {what} no worse than the best peer's", with_ci(s, key, "ms"),
+                                 f"{best['router']} {with_ci(best, key, 'ms')}", holds))
             if peers:
                 best = max(peers, key=lambda p: p["goodput_per_min"])
                 holds = interval(s, "goodput_per_min")[1] >= interval(best, "goodput_per_min")[0]
-                rows.append((c, f"{w}: goodput ≥ the best peer's", shown(s, "goodput_per_min"),
-                             f"{best['router']} {shown(best, 'goodput_per_min')}", holds))
+                rows.append((c, f"{w}: goodput ≥ the best peer's", with_ci(s, "goodput_per_min"),
+                             f"{best['router']} {with_ci(best, 'goodput_per_min')}", holds))
             o = find(runs, "oracle", w, c)
             if o and subject != "oracle":
                 need = GOODPUT_OF_ORACLE * interval(o, "goodput_per_min")[0]
-                rows.append((c, f"{w}: goodput ≥ {GOODPUT_OF_ORACLE}× the oracle's", shown(s, "goodput_per_min"),
-                             f"oracle {shown(o, 'goodput_per_min')}",
+                rows.append((c, f"{w}: goodput ≥ {GOODPUT_OF_ORACLE}× the oracle's", with_ci(s, "goodput_per_min"),
+                             f"oracle {with_ci(o, 'goodput_per_min')}",
                              interval(s, "goodput_per_min")[1] >= need))
             if w == "control" and peers:
                 p50 = min(p["ttft_ms_p50"] for p in peers)
