@@ -32,10 +32,11 @@ pub struct Args {
     /// KV-cache blocks per engine instead of the profile's (how the figures depend on capacity).
     #[arg(long)]
     kv_blocks: Option<u32>,
-    /// Workloads (control, shared-prefix).
+    /// Workloads (control, shared-prefix, multi-turn).
     #[arg(long, value_delimiter = ',', default_value = "control,shared-prefix")]
     workload: Vec<String>,
-    /// Routing rules (random, prefix-affinity, oracle, switchyard).
+    /// Routing rules (random, prefix-affinity, round-robin, least-outstanding, oracle,
+    /// switchyard).
     #[arg(long, value_delimiter = ',', default_value = "random,prefix-affinity")]
     routing: Vec<String>,
     /// Concurrency levels.
@@ -74,6 +75,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
         let workload = match w.as_str() {
             "control" => Workload::Control,
             "shared-prefix" => Workload::SharedPrefix,
+            "multi-turn" => Workload::MultiTurn,
             other => anyhow::bail!("unknown workload `{other}`"),
         };
         for r in &args.routing {
@@ -81,6 +83,8 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                 let mut router: Box<dyn Route> = match r.as_str() {
                     "random" => Box::new(Routing::Random),
                     "prefix-affinity" => Box::new(Routing::PrefixAffinity),
+                    "round-robin" => Box::new(Routing::RoundRobin),
+                    "least-outstanding" => Box::new(Routing::LeastOutstanding),
                     "oracle" => Box::new(Routing::Oracle),
                     "switchyard" => Box::new(SpokeRoute::new(&p, args.engines, args.output_tokens, args.scrape_ms)?),
                     other => anyhow::bail!("unknown routing `{other}`"),
@@ -97,7 +101,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                 let result = run(&p, &spec, router.as_mut());
                 if args.format == Format::Text {
                     println!(
-                        "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%",
+                        "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%  preempted/req {:.2}",
                         w,
                         r,
                         c,
@@ -107,7 +111,8 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                         result.e2e_s_p50,
                         result.requests_per_min,
                         result.goodput_per_min,
-                        100.0 * result.cache_hit_rate
+                        100.0 * result.cache_hit_rate,
+                        result.preemptions_per_request
                     );
                 }
                 rows.push(serde_json::json!({"routing": r, "spec": spec, "result": result}));

@@ -3,6 +3,9 @@
 //! * `random` — a uniformly random worker per request (what kube-proxy does for a ClusterIP
 //!   Service, the published baseline);
 //! * `round-robin`;
+//! * `least-outstanding` — the worker with the fewest requests this router has sent and not
+//!   seen finish (the response body ended or was dropped), ties in turn: what a load balancer
+//!   does when no prefix matches;
 //! * `oracle` — asks every simulated worker (`/sim/oracle`, simulator only) for the exact TTFT
 //!   the request would see there right now, from the engine's true cache and queue, and picks
 //!   the lowest: the upper bound a router can reach without predicting the future.
@@ -32,6 +35,8 @@ pub enum Policy {
     Random,
     /// In turn.
     RoundRobin,
+    /// Fewest requests in flight through this router.
+    LeastOutstanding,
     /// Lowest true TTFT from the simulators' ground truth.
     Oracle,
 }
@@ -57,6 +62,8 @@ struct Lb {
     policy: Policy,
     workers: Vec<String>,
     counter: AtomicU64,
+    /// Per worker, requests sent whose response body has not ended.
+    outstanding: Vec<Arc<AtomicU64>>,
     seed: u64,
     client: reqwest::Client,
     /// Held by the oracle from its queries until the chosen worker has accepted the request,
@@ -78,6 +85,9 @@ impl Lb {
         match self.policy {
             Policy::Random => (mix(self.seed ^ n) % k as u64) as usize,
             Policy::RoundRobin => (n % k as u64) as usize,
+            Policy::LeastOutstanding => (0..k)
+                .min_by_key(|&i| (self.outstanding[i].load(Ordering::Relaxed), (i + k - (n % k as u64) as usize) % k))
+                .unwrap_or(0),
             Policy::Oracle => {
                 let asks = self.workers.iter().map(|w| {
                     let req = self
@@ -110,6 +120,7 @@ impl Lb {
 async fn forward(State(lb): State<Arc<Lb>>, uri: axum::http::Uri, body: Bytes) -> Response {
     let mut turn = if lb.policy == Policy::Oracle { Some(lb.oracle_turn.lock().await) } else { None };
     let i = lb.choose(&body).await;
+    let in_flight = InFlight::new(lb.outstanding[i].clone());
     if turn.is_some()
         && serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("stream")?.as_bool()) != Some(true)
     {
@@ -125,7 +136,11 @@ async fn forward(State(lb): State<Arc<Lb>>, uri: axum::http::Uri, body: Bytes) -
         Ok(r) => {
             let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             let content_type = r.headers().get(header::CONTENT_TYPE).cloned();
-            let stream = r.bytes_stream().map(|c| c.map_err(std::io::Error::other));
+            // The count drops when the body has been streamed out or the client went away.
+            let stream = r.bytes_stream().map(move |c| {
+                let _held = &in_flight;
+                c.map_err(std::io::Error::other)
+            });
             let mut resp = Response::new(Body::from_stream(stream));
             *resp.status_mut() = status;
             if let Some(ct) = content_type {
@@ -144,6 +159,22 @@ async fn forward(State(lb): State<Arc<Lb>>, uri: axum::http::Uri, body: Bytes) -
     }
 }
 
+/// One request in flight to a worker, counted until dropped.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn new(count: Arc<AtomicU64>) -> InFlight {
+        count.fetch_add(1, Ordering::Relaxed);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 async fn health() -> StatusCode {
     StatusCode::OK
 }
@@ -156,6 +187,7 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
             policy: args.policy,
             workers: args.workers.iter().map(|w| w.trim_end_matches('/').to_owned()).collect(),
             counter: AtomicU64::new(0),
+            outstanding: args.workers.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
             seed: args.seed,
             client: reqwest::Client::builder().tcp_nodelay(true).build()?,
             oracle_turn: tokio::sync::Mutex::new(()),

@@ -2,10 +2,10 @@
 report.md and PNG plots.
 
 Each router gets a fresh fleet (same profile, seed and time scale); each workload runs its
-concurrency levels in turn on it. Load comes from GuideLLM with the simulator's own tokenizer
-directory, so token counts agree. Figures are reported at time scale 1 (measured durations
-divided by the time scale). Every process started here is stopped by its PID, also on
-failure or Ctrl-C.
+load points (concurrency levels, or Poisson arrival rates) in turn on it. Load comes from
+GuideLLM with the simulator's own tokenizer directory, so token counts agree. Figures are
+reported at time scale 1 (measured durations divided by the time scale). Every process
+started here is stopped by its PID, also on failure or Ctrl-C.
 """
 
 import argparse
@@ -56,6 +56,14 @@ FULL = {"concurrency": "4,8,16,24,32", "workloads": {
     "multi-turn": _FULL_CACHED},
     "routers": {w: ROUTERS for w in WORKLOADS}}
 PROCS = []
+# --api: the OpenAI endpoint GuideLLM drives (its openai_http backend's `request_format`); the
+# routers forward it, so every router and the simulated workers serve the same API.
+API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# With Poisson arrivals GuideLLM caps the requests in flight at this (its profile's
+# `max_concurrency`); arrivals beyond it wait in GuideLLM and show as dispatch delay.
+MAX_OUTSTANDING = 256
+# A "delay" above this many seconds is an epoch timestamp, not a delay (see summarise).
+ABSOLUTE_TIME_S = 1e8
 
 
 def log(msg):
@@ -122,6 +130,22 @@ def start_fleet(opts, outdir, time_scale):
     return proc, json.loads(ready.read_text())["workers"]
 
 
+def slow_worker(workers, factor):
+    """Slows the first worker: every engine step takes `factor` × its modelled time (the
+    simulator's `slowdown` fault knob). Reads every worker's knobs back and fails the run
+    unless the first is at `factor` and the others at 1."""
+    first = workers[0]["url"]
+    r = httpx.post(first + "/sim/faults", json={"slowdown": factor}, timeout=5)
+    if r.status_code != 200:
+        raise RuntimeError(f"POST {first}/sim/faults answered {r.status_code}: {r.text}")
+    for i, w in enumerate(workers):
+        got = httpx.get(w["url"] + "/sim/faults", timeout=5).json().get("slowdown")
+        want = factor if i == 0 else 1.0
+        if got is None or abs(got - want) > 1e-9 * max(1.0, want):
+            raise RuntimeError(f"worker {w['index']} reports slowdown {got}, expected {want}")
+    log(f"worker {workers[0]['index']} slowed down {factor}× (GET /sim/faults confirms)")
+
+
 def spoke_yaml(opts, workers, time_scale):
     eps = "\n".join(
         f"    - {{name: w{w['index']}, host: 127.0.0.1, httpPort: {w['url'].rsplit(':', 1)[1]}, "
@@ -158,7 +182,7 @@ def start_router(name, opts, workers, outdir, time_scale):
     port = free_port()
     urls = [w["url"] for w in workers]
     venv = Path(os.environ["BENCH_VENV"]) / "bin"
-    if name in ("random", "round-robin", "oracle"):
+    if name in ("random", "round-robin", "least-outstanding", "oracle"):
         args = [opts.bin, "lb", "--policy", name, "--listen", f"127.0.0.1:{port}", "--seed", str(opts.seed)]
         for u in urls:
             args += ["--worker", u]
@@ -197,8 +221,9 @@ def data_spec(workload, opts):
 
 
 def sim_counters(workers):
-    """(prefix-cache hit tokens, queried tokens, seconds behind schedule), summed over the fleet."""
-    hits = queries = behind = 0.0
+    """(prefix-cache hit tokens, queried tokens, seconds behind schedule, preemptions), summed
+    over the fleet."""
+    hits = queries = behind = preemptions = 0.0
     for w in workers:
         for line in httpx.get(w["url"] + "/metrics", timeout=5).text.splitlines():
             if line.startswith("vllm:prefix_cache_hits_total"):
@@ -207,7 +232,9 @@ def sim_counters(workers):
                 queries += float(line.rsplit(" ", 1)[1])
             elif line.startswith("sim:behind_schedule_seconds_total"):
                 behind += float(line.rsplit(" ", 1)[1])
-    return hits, queries, behind
+            elif line.startswith("vllm:num_preemptions_total"):
+                preemptions += float(line.rsplit(" ", 1)[1])
+    return hits, queries, behind, preemptions
 
 
 class CounterSampler:
@@ -254,15 +281,24 @@ class CounterSampler:
         d = self._deltas(start, end)
         return d[3] / (d[0] * len(self.workers)) if d and d[0] > 0 else 0.0
 
+    def preemptions(self, start, end):
+        """Requests the engines preempted (KV cache exhausted, work recomputed) in the window."""
+        d = self._deltas(start, end)
+        return round(d[4]) if d else 0
+
 
 class GuideLLM:
     """One long-lived `guidellm_driver.py` process running every load test of the benchmark.
 
     GuideLLM's worker processes come from a fork server and are capped at a few: on two cores
     its default (spawned interpreters, up to ten) costs ~12 s of CPU per run, which would
-    compete with the fleet under test."""
+    compete with the fleet under test. Poisson arrivals get one worker process: in GuideLLM
+    0.8.1 every worker process draws the inter-arrival gaps from its own copy of one seeded
+    generator, so with four of them each gap occurs four times in a row and the arrivals are
+    not a Poisson process."""
 
-    def __init__(self, logfile):
+    def __init__(self, logfile, worker_processes=4):
+        self.worker_processes = worker_processes
         self.logfile = open(logfile, "a")
         self.proc = None
         self.lines = queue.Queue()
@@ -271,7 +307,7 @@ class GuideLLM:
         if self.proc and self.proc.poll() is None:
             return
         venv = Path(os.environ["BENCH_VENV"]) / "bin"
-        env = dict(os.environ, GUIDELLM__MP_CONTEXT_TYPE="forkserver", GUIDELLM__MAX_WORKER_PROCESSES="4")
+        env = dict(os.environ, GUIDELLM__MP_CONTEXT_TYPE="forkserver", GUIDELLM__MAX_WORKER_PROCESSES=str(self.worker_processes))
         env.pop("GUIDELLM__DISABLE_PROGRESS", None)
         self.proc = subprocess.Popen([str(venv / "python"), str(Path(__file__).with_name("guidellm_driver.py"))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logfile, text=True,
@@ -307,14 +343,27 @@ class GuideLLM:
             raise RuntimeError(f"GuideLLM failed ({(line or 'exited').strip()}); see {self.logfile.name}")
 
 
-def run_guidellm(guidellm, url, workload, concurrency, settings, opts, outpath):
+def point_label(arrival, value):
+    """How a load point is named in logs, file names' stems and reports: `c=32`, `rate=2.0/s`."""
+    return f"c={value}" if arrival == "concurrent" else f"rate={value:g}/s"
+
+
+def profile_arg(opts, point, settings):
+    """GuideLLM's `--profile` for one load point. The warm-up is excluded from every figure:
+    steady state is what a fleet lives in, and the same load runs through the router under test
+    during it. Concurrent: `point` streams, started over the ramp-up instead of in one burst.
+    Poisson: `point` requests per wall second, exponential gaps (GuideLLM's Poisson strategy
+    has no ramp-up), at most `max_outstanding` in flight."""
+    if opts.arrival == "concurrent":
+        return f"kind=concurrent,streams={point},warmup={settings['warmup']},rampup_duration={settings['rampup']}"
+    return f"kind=poisson,rate={point},max_concurrency={opts.max_outstanding},warmup={settings['warmup']}"
+
+
+def run_guidellm(guidellm, url, workload, point, settings, opts, outpath):
     warmup, duration = settings["warmup"], settings["duration"]
     args = ["run",
-            "--backend", f"kind=openai_http,target={url},model=sim-model,request_format=/v1/chat/completions",
-            # The warm-up is excluded from every figure: steady state is what a fleet lives in,
-            # and the same load runs through the router under test during it. The ramp-up
-            # starts the streams over a few seconds instead of in one burst.
-            "--profile", f"kind=concurrent,streams={concurrency},warmup={warmup},rampup_duration={settings['rampup']}",
+            "--backend", f"kind=openai_http,target={url},model=sim-model,request_format={API_PATHS[opts.api]}",
+            "--profile", profile_arg(opts, point, settings),
             "--constraint", f"kind=max_duration,seconds={warmup + duration}",
             "--tokenizer", f"kind=hf_auto,model={opts.tokenizer}",
             "--data", json.dumps(data_spec(workload, opts)),
@@ -379,7 +428,7 @@ def window_requests(bench):
     return [r for r in bench["requests"]["successful"] if start <= (r.get("request_end_time") or 0) <= end + 1e-6]
 
 
-def summarise(raw, workload, time_scale, hit_rate):
+def summarise(raw, workload, time_scale, hit_rate, open_loop=False):
     b = raw["benchmarks"][0]
     scale = time_scale
     reqs = window_requests(b)
@@ -389,6 +438,17 @@ def summarise(raw, workload, time_scale, hit_rate):
     e2e = [r["request_latency"] / scale for r in reqs if r.get("request_latency") is not None]
     good = sum(1 for t in ttft if t <= SLO_MS[workload])
     incomplete = len(b["requests"].get("incomplete") or [])
+    # Open-loop arrivals: how late GuideLLM sent requests against their scheduled arrival (the
+    # cap on requests in flight, or a client that cannot keep up), without a multi-turn
+    # request's wait for its previous turn. Concurrent streams send as soon as they can, so
+    # there it means nothing and is not recorded.
+    delay = [(r["turn_scheduling_delay"] if r.get("turn_scheduling_delay") is not None else r.get("request_dispatch_delay"))
+             for r in reqs] if open_loop else []
+    # GuideLLM 0.8.1 reports some requests' delay as the absolute dispatch time (its target time
+    # was unset: seen for requests held back while the cap on requests in flight bound); such a
+    # value is no delay.
+    unscheduled = sum(1 for d in delay if d is not None and d > ABSOLUTE_TIME_S)
+    delay = [d * 1000 / scale for d in delay if d is not None and d <= ABSOLUTE_TIME_S]
     return {
         "ttft_ms_p50": percentile(ttft, 0.5) or 0.0,
         "ttft_ms_p95": percentile(ttft, 0.95) or 0.0,
@@ -401,6 +461,9 @@ def summarise(raw, workload, time_scale, hit_rate):
         "cache_hit_rate": hit_rate,
         "slo_ms": SLO_MS[workload],
         "incomplete_at_end": incomplete,
+        "dispatch_delay_ms_p50": percentile(delay, 0.5),
+        "dispatch_unscheduled": unscheduled if open_loop else None,
+        "dispatch_delay_ms_p95": percentile(delay, 0.95),
         "time_scale": scale,
         "measured": {"window_s": b["end_time"] - b["start_time"], "warmup_s": b.get("warmup_duration"),
                      "ttft_ms_p50": (percentile(ttft, 0.5) or 0.0) * scale},
@@ -436,6 +499,40 @@ def versions(opts):
     return out
 
 
+# The workload shapes `switchyard calibrate` knows (sim/src/calibrate.rs): the harness's defaults.
+REFERENCE_PROFILE = "l40s-27b-fp8"
+REFERENCE_SHAPES = {"prefix_count": 24, "prefix_tokens": 16000, "unique_tokens": 256, "first_turn_tokens": 8000,
+                    "turn_tokens": 400, "turns": 8}
+
+
+def virtual_time(opts, workloads):
+    """Switchyard's and the oracle's figures for the same fleet and load in virtual time:
+    `switchyard calibrate` runs the spoke's own decision function (and the oracle's rule) over
+    the simulator's engine model with no wall clock in the loop, so the difference to the live
+    row is what the live path loses (HTTP, tokenisation, scrape lag, a shared machine).
+    Returns (rows, why none)."""
+    if opts.arrival != "concurrent":
+        return [], "open-loop arrivals have no virtual-time counterpart (the calibrator drives closed-loop clients)"
+    if opts.slow_worker is not None:
+        return [], "the calibrator's engines all run at the profile's speed"
+    if any(getattr(opts, k) != v for k, v in REFERENCE_SHAPES.items()) or opts.profile != REFERENCE_PROFILE:
+        return [], "the calibrator knows the reference workload shapes only, sized for the reference profile"
+    cmd = [opts.bin, "calibrate", "--profile", opts.profile, "--engines", str(opts.workers),
+           "--workload", ",".join(workloads), "--routing", "switchyard,oracle",
+           "--concurrency", ",".join(str(c) for c in opts.points), "--requests", "1000", "--warmup", "200",
+           "--output-tokens", str(opts.output_tokens), "--seed", str(opts.seed), "--format", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"switchyard calibrate failed: {done.stderr.strip()}")
+    rows = []
+    for r in json.loads(done.stdout)["runs"]:
+        res = r["result"]
+        rows.append({"workload": r["spec"]["workload"], "concurrency": r["spec"]["concurrency"], "router": r["routing"],
+                     "requests": r["spec"]["requests"], **{k: res[k] for k in (
+                         "ttft_ms_p50", "ttft_ms_p95", "requests_per_min", "goodput_per_min", "preemptions_per_request")}})
+    return rows, None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", required=True)
@@ -445,7 +542,16 @@ def main():
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--routers", help="comma-separated; default: the mode's routers per workload")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--concurrency", help="comma-separated list")
+    ap.add_argument("--concurrency", help="comma-separated list (concurrent arrivals)")
+    ap.add_argument("--arrival", choices=["concurrent", "poisson"], default="concurrent",
+                    help="concurrent: --concurrency closed-loop streams; poisson: open-loop arrivals at --rate")
+    ap.add_argument("--rate", help="comma-separated requests per wall second (poisson arrivals)")
+    ap.add_argument("--max-outstanding", type=int,
+                    help=f"poisson: most requests in flight, later arrivals wait in GuideLLM (default {MAX_OUTSTANDING})")
+    ap.add_argument("--api", choices=sorted(API_PATHS), default="chat",
+                    help="OpenAI API driven through every router: chat = /v1/chat/completions, completions = /v1/completions")
+    ap.add_argument("--slow-worker", type=float, metavar="FACTOR",
+                    help="slow the first worker: every engine step takes FACTOR x its modelled time")
     # Each of these overrides the mode's setting for every workload.
     ap.add_argument("--duration", type=float, help="measured seconds per point (wall time)")
     ap.add_argument("--time-scale", type=float, help="multiplier on every simulated duration")
@@ -468,9 +574,32 @@ def main():
     # Quick: the sweep's top point only, where routing decides the most (see README.md);
     # full: the whole sweep with longer windows. Explicit options override either.
     mode = FULL if opts.full else QUICK
-    opts.concurrency = [int(c) for c in (opts.concurrency or mode["concurrency"]).split(",")]
+    if opts.arrival == "poisson":
+        if not opts.rate:
+            ap.error("--arrival poisson needs --rate")
+        if opts.concurrency:
+            ap.error("--concurrency applies to concurrent arrivals only (Poisson: --rate)")
+        if opts.rampup is not None:
+            ap.error("--rampup applies to concurrent arrivals only (GuideLLM's Poisson profile has no ramp-up)")
+        opts.points = [float(r) for r in opts.rate.split(",")]
+        if min(opts.points) <= 0:
+            ap.error("--rate must be positive")
+        opts.max_outstanding = MAX_OUTSTANDING if opts.max_outstanding is None else opts.max_outstanding
+        if opts.max_outstanding <= 0:
+            ap.error("--max-outstanding must be positive")
+    else:
+        for flag, given in (("--rate", opts.rate), ("--max-outstanding", opts.max_outstanding)):
+            if given is not None:
+                ap.error(f"{flag} applies to --arrival poisson only")
+        opts.points = [int(c) for c in (opts.concurrency or mode["concurrency"]).split(",")]
+    if opts.slow_worker is not None and not opts.slow_worker > 0:
+        ap.error("--slow-worker needs a positive factor")
+    opts.concurrency = opts.points if opts.arrival == "concurrent" else None
     overrides = {k: getattr(opts, k) for k in ("time_scale", "warmup", "rampup", "duration") if getattr(opts, k) is not None}
     settings = {w: {**mode["workloads"][w], **overrides} for w in WORKLOADS}
+    if opts.arrival == "poisson":
+        for s in settings.values():
+            s["rampup"] = None
     workloads = opts.workloads.split(",")
     chosen = opts.routers.split(",") if opts.routers else None
     routers_for = {w: chosen or mode["routers"][w] for w in workloads}
@@ -483,7 +612,7 @@ def main():
     command = "e2e/bench/run " + " ".join(sys.argv[3:])
     runs = []
     started = time.time()
-    guidellm = GuideLLM(out / "guidellm.log")
+    guidellm = GuideLLM(out / "guidellm.log", worker_processes=1 if opts.arrival == "poisson" else 4)
     try:
         for router in routers:
             for workload in [w for w in workloads if router in routers_for[w]]:
@@ -493,17 +622,24 @@ def main():
                 fleet, workers = start_fleet(opts, rdir, scale)
                 rproc = None
                 try:
+                    if opts.slow_worker is not None:
+                        slow_worker(workers, opts.slow_worker)
                     rproc, url = start_router(router, opts, workers, rdir, scale)
-                    for c in opts.concurrency:
-                        log(f"{router} · {workload} · c={c}")
+                    for point in opts.points:
+                        label = point_label(opts.arrival, point)
+                        log(f"{router} · {workload} · {label}")
+                        stem = f"c{point}" if opts.arrival == "concurrent" else f"rate{point:g}"
                         with CounterSampler(workers) as counters:
-                            raw = run_guidellm(guidellm, url, workload, c, settings[workload], opts,
-                                               rdir / f"guidellm-c{c}.json")
+                            raw = run_guidellm(guidellm, url, workload, point, settings[workload], opts,
+                                               rdir / f"guidellm-{stem}.json")
                         bench = raw["benchmarks"][0]
                         window = (bench["start_time"], bench["end_time"])
-                        run = summarise(raw, workload, scale, counters.hit_rate(*window))
+                        run = summarise(raw, workload, scale, counters.hit_rate(*window), opts.arrival == "poisson")
                         run["fleet_behind_schedule"] = counters.behind_schedule(*window)
-                        runs.append({"router": router, "workload": workload, "concurrency": c, **run})
+                        run["preemptions"] = counters.preemptions(*window)
+                        key = {"concurrency": point} if opts.arrival == "concurrent" else {"rate": point}
+                        runs.append({"router": router, "workload": workload, "arrival": opts.arrival, **key,
+                                     "point": label, **run})
                         (out / "results.json").write_text(json.dumps({"runs": runs}, indent=2))
                 finally:
                     if rproc:
@@ -513,9 +649,18 @@ def main():
         stop_all()
     meta = {"command": command, "profile": opts.profile, "workers": opts.workers,
             "settings": {w: settings[w] for w in workloads}, "routers": routers_for, "min_requests": MIN_REQUESTS,
-            "concurrency": opts.concurrency, "wall_s": round(time.time() - started),
+            "arrival": opts.arrival, "concurrency": opts.concurrency,
+            "rate": opts.points if opts.arrival == "poisson" else None,
+            "max_outstanding": opts.max_outstanding if opts.arrival == "poisson" else None,
+            "api": opts.api, "api_path": API_PATHS[opts.api],
+            "slow_worker": None if opts.slow_worker is None else {"worker": 0, "factor": opts.slow_worker},
+            "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens", "first_turn_tokens",
+                                                    "turn_tokens", "turns", "output_tokens")},
+            "wall_s": round(time.time() - started),
             "machine": machine(), "versions": versions(opts), "seed": opts.seed, "slo_ms": SLO_MS,
             "workloads": {w: data_spec(w, opts) for w in workloads}}
+    log("virtual-time figures (switchyard calibrate)")
+    meta["virtual"], meta["virtual_skipped"] = virtual_time(opts, workloads)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
     from report import write_report
     write_report(out, meta, runs)

@@ -1,5 +1,9 @@
 """Turns benchmark runs into report.md (tables with ratios vs random and vs the best peer)
-and PNG plots (TTFT p50/p95 and goodput vs concurrency, one figure per workload)."""
+and PNG plots (TTFT p50/p95 and goodput vs concurrency or arrival rate, one figure per workload).
+
+A run's load point is its concurrency (closed-loop streams) or, with Poisson arrivals, its rate
+in requests per wall second; runs without an `arrival` field (results before it existed) are
+concurrent."""
 
 from pathlib import Path
 
@@ -35,8 +39,38 @@ def behind(run):
     return "-" if b is None else f"{100 * b:.1f} %"
 
 
-def find(runs, router, workload, c):
-    return next((r for r in runs if r["router"] == router and r["workload"] == workload and r["concurrency"] == c), None)
+def preempted(run):
+    """Engine preemptions in the window per completed request (older runs did not count them)."""
+    p, n = run.get("preemptions"), run.get("requests")
+    return "-" if p is None or not n else f"{p / n:.2f}"
+
+
+def point(r):
+    """The load point of a run, comparable and sortable: ("concurrent", 32) or ("poisson", 2.0)."""
+    if r.get("arrival", "concurrent") == "concurrent":
+        return ("concurrent", r["concurrency"])
+    return ("poisson", r["rate"])
+
+
+def value(pt):
+    """A point as a table cell: `32` (streams) or `2/s` (requests per wall second)."""
+    kind, v = pt
+    return str(v) if kind == "concurrent" else f"{v:g}/s"
+
+
+def label(pt):
+    """A point in prose: `c=32` or `rate=2/s`."""
+    kind, v = pt
+    return f"c={v}" if kind == "concurrent" else f"rate={v:g}/s"
+
+
+def point_header(runs):
+    kinds = {point(r)[0] for r in runs}
+    return "c" if kinds == {"concurrent"} else "rate" if kinds == {"poisson"} else "c / rate"
+
+
+def find(runs, router, workload, pt):
+    return next((r for r in runs if r["router"] == router and r["workload"] == workload and point(r) == pt), None)
 
 
 WORKLOADS = ("control", "shared-prefix", "multi-turn")
@@ -53,10 +87,10 @@ def interval(r, key):
 
 
 def acceptance(runs, subject):
-    """The goals for `subject` at every concurrency point that has the routers they compare:
-    (c, goal, subject's figure, the figure it is compared with, holds)."""
+    """The goals for `subject` at every load point that has the routers they compare:
+    (point, goal, subject's figure, the figure it is compared with, holds)."""
     rows = []
-    for c in sorted({r["concurrency"] for r in runs}):
+    for c in sorted({point(r) for r in runs}):
         for w in WORKLOADS:
             s = find(runs, subject, w, c)
             if not s:
@@ -106,55 +140,142 @@ def goals(runs):
            "Brackets: 95 % intervals. A goal judged by intervals fails only where Switchyard's whole interval lies "
            "on the wrong side of the other router's; point-estimate goals compare the figures themselves. The last "
            "column applies the same goal to the oracle, where the run has it.",
-           "", "| c | goal | Switchyard | compared with | holds | holds for the oracle |", "|---|---|---|---|---|---|"]
+           "", f"| {point_header(runs)} | goal | Switchyard | compared with | holds | holds for the oracle |",
+           "|---|---|---|---|---|---|"]
     for c, goal, mine, other, holds in rows:
         o = oracle.get((c, goal))
-        out.append(f"| {c} | {goal} | {mine} | {other} | {yes(holds)} | {'-' if o is None else yes(o)} |")
+        out.append(f"| {value(c)} | {goal} | {mine} | {other} | {yes(holds)} | {'-' if o is None else yes(o)} |")
     return out + [""]
+
+
+def workload_shape(w, spec):
+    """One workload's requests in words, from its GuideLLM data spec."""
+    if w == "shared-prefix":
+        return (f"one of {spec['prefix_count']} prefixes of {spec['prefix_tokens']:,} tokens + "
+                f"{spec['prompt_tokens']:,} unique tokens")
+    if w == "multi-turn":
+        return (f"{spec['first_prompt_tokens']:,}-token first turn, +{spec['prompt_tokens']:,} tokens per turn, "
+                f"{spec['turns']} turns")
+    return f"{spec['prompt_tokens']:,} unique tokens"
+
+
+def load_lines(meta):
+    """The load and fleet options of the run (results from before they existed: the reference ones)."""
+    api = meta.get("api_path", "/v1/chat/completions")
+    specs = meta.get("workloads", {})
+    out_tokens = sorted({s["output_tokens"] for s in specs.values() if "output_tokens" in s})
+    if meta.get("arrival", "concurrent") == "poisson":
+        rates = ", ".join(f"{r:g}/s" for r in meta["rate"])
+        load = (f"Poisson arrivals at {rates} (requests per wall second), at most {meta['max_outstanding']} in flight "
+                "(later arrivals wait in GuideLLM: the dispatch delay)")
+    else:
+        c = meta.get("concurrency") or []
+        load = f"{', '.join(str(x) for x in c)} concurrent stream{'' if c == [1] else 's'} (closed loop)"
+    tokens = f"; {', '.join(map(str, out_tokens))} output tokens" if out_tokens else ""
+    slow = meta.get("slow_worker")
+    fleet = f"{meta['workers']} workers of `{meta['profile']}`, seed {meta['seed']}"
+    if slow:
+        fleet += f", worker {slow['worker']} slowed {slow['factor']:g}× (every step takes {slow['factor']:g}× its modelled time)"
+    return [f"Load: {load}, through `{api}`{tokens}.  ",
+            f"Fleet: {fleet}. Wall time {meta['wall_s']} s. "
+            "Per workload (wall seconds at the time scale; figures converted to scale 1):  "]
+
+
+def live_vs_virtual(meta, runs):
+    """Per workload and concurrency, Switchyard's live figures beside its own decision function's
+    in virtual time (and the oracle's, live and virtual): how much the live path loses."""
+    virtual = meta.get("virtual") or []
+    if not virtual:
+        why = meta.get("virtual_skipped")
+        return [f"Virtual-time figures: not computed ({why}).", ""] if why else []
+    lines = ["## Live against virtual time", "",
+             "| workload | c | Switchyard TTFT p50 live / virtual | p95 live / virtual | goodput/min live / virtual | "
+             "oracle TTFT p50 live / virtual | oracle p95 live / virtual |",
+             "|---|---|---|---|---|---|---|"]
+    for v in [v for v in virtual if v["router"] == "switchyard"]:
+        pt = ("concurrent", v["concurrency"])
+        live = find(runs, "switchyard", v["workload"], pt)
+        ov = next((o for o in virtual if o["router"] == "oracle" and o["workload"] == v["workload"]
+                   and o["concurrency"] == v["concurrency"]), None)
+        olive = find(runs, "oracle", v["workload"], pt)
+
+        def pair(run, virt, key, unit="ms"):
+            show = (lambda x: fmt(x, unit)) if unit else (lambda x: f"{x:.1f}")
+            return f"{show(run[key]) if run else '-'} / {show(virt[key]) if virt else '-'}"
+
+        lines.append(f"| {v['workload']} | {v['concurrency']} | {pair(live, v, 'ttft_ms_p50')} | {pair(live, v, 'ttft_ms_p95')} | "
+                     f"{pair(live, v, 'goodput_per_min', '')} | {pair(olive, ov, 'ttft_ms_p50')} | {pair(olive, ov, 'ttft_ms_p95')} |")
+    lines += ["", "Virtual: `switchyard calibrate` over the same profile, engine count, concurrency, output length and "
+              "seed, 1,000 measured requests after 200, the spoke's own decision function and TTFT calibration (or the "
+              "oracle's rule) over the simulator's engine model with no wall clock in the loop: no HTTP, tokenisation, "
+              "scrape lag or shared cores. Live minus virtual is what the live path loses.", ""]
+    return lines
 
 
 def write_report(out, meta, runs):
     out = Path(out)
     v = meta.get("versions", {})
     m = meta["machine"]
+    specs = meta.get("workloads", {})
+
+    def settings_line(w, s):
+        start = "" if s.get("rampup") is None else f" (streams started over {s['rampup']:.0f} s)"
+        line = (f"- {w}: time scale {s['time_scale']}, {s['warmup']:.0f} s warm-up{start}, {s['duration']:.0f} s measured = "
+                f"{s['warmup'] / s['time_scale']:.0f} s + {s['duration'] / s['time_scale']:.0f} s simulated")
+        if meta.get("arrival") == "poisson":
+            line += "; rate at scale 1: " + ", ".join(f"{r * s['time_scale']:g}/s" for r in meta["rate"])
+        if w in specs:
+            line += f"; {workload_shape(w, specs[w])}"
+        return line
+
     lines = ["# Routing benchmark", "",
              f"Command: `{meta['command']}`  ",
-             f"Profile `{meta['profile']}`, {meta['workers']} workers, seed {meta['seed']}, wall time {meta['wall_s']} s. "
-             "Per workload (wall seconds at the time scale; figures converted to scale 1):  ",
-             *[f"- {w}: time scale {s['time_scale']}, {s['warmup']:.0f} s warm-up (streams started over {s['rampup']:.0f} s), "
-               f"{s['duration']:.0f} s measured = {s['warmup'] / s['time_scale']:.0f} s + {s['duration'] / s['time_scale']:.0f} s "
-               "simulated" for w, s in meta["settings"].items()],
+             *load_lines(meta),
+             *[settings_line(w, s) for w, s in meta["settings"].items()],
              "",
              f"Machine: {m['cores']} cores ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, `{m['uname']}`.  ",
              f"Versions: switchyard {v.get('switchyard', '?')} ({v.get('switchyard_commit', '?')}), "
              f"GuideLLM {v.get('guidellm')}, sglang-router {v.get('sglang-router')}, vllm-router {v.get('vllm-router')}.", ""]
     lines += goals(runs)
     need = meta.get("min_requests")
-    short = [f"{r['router']} · {r['workload']} · c={r['concurrency']} ({r['requests']})" for r in runs
+    short = [f"{r['router']} · {r['workload']} · {label(point(r))} ({r['requests']})" for r in runs
              if need and r.get("requests", 0) < need]
     if need:
         lines += [f"Cells with fewer than {need} requests in their window: {', '.join(short) if short else 'none'}.", ""]
     workloads = sorted({r["workload"] for r in runs}, key=["control", "shared-prefix", "multi-turn"].index)
     for w in workloads:
-        lines += [f"## {w}", "", "| router | c | requests | TTFT p50 | TTFT p95 | ITL p50 | E2E p50 | req/min | goodput/min | cache hit | fleet behind | TTFT p50 vs random | vs best peer |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in [r for r in runs if r["workload"] == w]:
-            same = [x for x in runs if x["workload"] == w and x["concurrency"] == r["concurrency"]]
+        rows = [r for r in runs if r["workload"] == w]
+        # Open-loop arrivals: how late requests left GuideLLM against their schedule, and what
+        # was still in flight when the window closed, show a fleet that did not keep up.
+        open_loop = any(point(r)[0] == "poisson" for r in rows)
+        extra = " dispatch delay p95 | in flight at end |" if open_loop else ""
+        lines += [f"## {w}", "", f"| router | {point_header(rows)} | requests | TTFT p50 | TTFT p95 | ITL p50 | E2E p50 | req/min | goodput/min | cache hit | fleet behind | preempted/req |{extra} TTFT p50 vs random | vs best peer |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if open_loop else "")]
+        for r in rows:
+            same = [x for x in runs if x["workload"] == w and point(x) == point(r)]
             rnd = next((x for x in same if x["router"] == "random"), None)
             peers = [x["ttft_ms_p50"] for x in same if x["router"] in PEERS and x["ttft_ms_p50"]]
             best_peer = min(peers) if peers else None
+            extra = f" {fmt(r.get('dispatch_delay_ms_p95'), 'ms')} | {r.get('incomplete_at_end', '-')} |" if open_loop else ""
             lines.append(
-                f"| {r['router']} | {r['concurrency']} | {r.get('requests', '-')} | {with_ci(r, 'ttft_ms_p50', 'ms')} | {with_ci(r, 'ttft_ms_p95', 'ms')} | "
+                f"| {r['router']} | {value(point(r))} | {r.get('requests', '-')} | {with_ci(r, 'ttft_ms_p50', 'ms')} | {with_ci(r, 'ttft_ms_p95', 'ms')} | "
                 f"{fmt(r['itl_ms_p50'], 'ms')} | {r['e2e_s_p50']:.1f} s | {r['requests_per_min']:.1f} | {with_ci(r, 'goodput_per_min')} | "
-                f"{100 * r['cache_hit_rate']:.0f} % | {behind(r)} | {ratio(r['ttft_ms_p50'], rnd['ttft_ms_p50'] if rnd else None)} | "
+                f"{100 * r['cache_hit_rate']:.0f} % | {behind(r)} | {preempted(r)} |{extra} {ratio(r['ttft_ms_p50'], rnd['ttft_ms_p50'] if rnd else None)} | "
                 f"{ratio(r['ttft_ms_p50'], best_peer)} |")
         lines.append("")
     lines += ["Requests: completed inside the measurement window (the sample behind every figure of the row). "
               "Brackets: 95 % percentile-bootstrap intervals (1,000 resamples of the row's requests, window fixed). "
               "Fleet behind: how far the simulated workers fell behind their timing model in that window (wall "
               "time lost / window, averaged over workers); near 0 % the figures are those of the model. "
+              "Preempted/req: engine preemptions in the window (the KV cache ran out and a running request's work "
+              "was dropped, to be recomputed) per completed request. "
               "Ratios: how many times lower this router's median TTFT is than random's / the best peer's at the same "
-              "concurrency.", ""]
+              "concurrency or rate."
+              + (" Rate: requests per wall second. Dispatch delay: how long after its scheduled arrival GuideLLM sent a "
+                 "request (scale 1; a multi-turn request's wait for its previous turn excluded), non-zero once the cap "
+                 "on requests in flight binds. In flight at end: requests still unanswered when the window closed."
+                 if any(point(r)[0] == "poisson" for r in runs) else ""), ""]
+    lines += live_vs_virtual(meta, runs)
     (out / "report.md").write_text("\n".join(lines))
     try:
         import matplotlib
@@ -166,7 +287,7 @@ def write_report(out, meta, runs):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         routers = sorted({r["router"] for r in runs})
         for i, router in enumerate(routers):
-            pts = sorted(((r["concurrency"], r) for r in runs if r["workload"] == w and r["router"] == router),
+            pts = sorted(((point(r)[1], r) for r in runs if r["workload"] == w and r["router"] == router),
                          key=lambda p: p[0])
             if not pts:
                 continue
@@ -177,8 +298,11 @@ def write_report(out, meta, runs):
             axes[0].plot(xs, [r["ttft_ms_p95"] / 1000 for _, r in pts], marker="x", linestyle="--", color=color,
                          alpha=0.6, label=f"{router} p95")
             axes[1].plot(xs, [r["goodput_per_min"] for _, r in pts], marker="o", color=color, label=router)
-        axes[0].set(title=f"{w}: TTFT (s, scale 1)", xlabel="concurrency", yscale="log")
-        axes[1].set(title=f"{w}: goodput (req/min within SLO)", xlabel="concurrency")
+        kinds = {point(r)[0] for r in runs if r["workload"] == w}
+        xlabel = "concurrency" if kinds == {"concurrent"} else "arrival rate (req/s, wall)" if kinds == {"poisson"} else \
+            "concurrency / arrival rate"
+        axes[0].set(title=f"{w}: TTFT (s, scale 1)", xlabel=xlabel, yscale="log")
+        axes[1].set(title=f"{w}: goodput (req/min within SLO)", xlabel=xlabel)
         axes[0].legend(fontsize=6)
         axes[1].legend(fontsize=7)
         fig.tight_layout()

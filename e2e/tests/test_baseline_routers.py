@@ -1,4 +1,5 @@
-"""The benchmark's baseline routers: random, round-robin and the ground-truth oracle."""
+"""The benchmark's baseline routers: random, round-robin, least-outstanding and the ground-truth
+oracle."""
 
 import collections
 import signal
@@ -91,3 +92,33 @@ def test_oracle_decisions_see_each_other(start_sim, start_lb):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             workers = list(pool.map(stream, [f"{attempt}-{i}" for i in range(3)]))
         assert sorted(workers) == ["0", "1", "2"], workers
+
+
+def test_least_outstanding_counts_open_streams(start_sim, start_lb):
+    # Two streams held open on the first two workers it picks: the third request must go to the
+    # worker with none, and once a stream is closed its worker counts as free again.
+    sim = start_sim("--profile", "l40s-27b-fp8", "--time-scale", "0.05", workers=3, kv_events=False)
+    lo = start_lb("least-outstanding", sim)
+    body = {"model": "sim-model", "prompt": "long answer " * 20, "max_tokens": 8000, "stream": True}
+    with httpx.Client(timeout=60) as c:
+        held = []
+        for _ in range(2):
+            r = c.send(c.build_request("POST", lo + "/v1/completions", json=body), stream=True)
+            assert r.status_code == 200
+            held.append(r)
+        busy = {r.headers["x-lb-worker"] for r in held}
+        assert len(busy) == 2, busy
+        third = post(lo, "short").headers["x-lb-worker"]
+        assert third not in busy, (third, busy)
+        closed = held.pop(0)
+        freed = closed.headers["x-lb-worker"]
+        closed.close()
+        deadline = time.time() + 5
+        while True:
+            # Ties go in turn, so ask until the freed worker's count is seen (at most a few tries).
+            picks = {post(lo, "again").headers["x-lb-worker"] for _ in range(3)}
+            if freed in picks:
+                break
+            assert time.time() < deadline, (freed, picks)
+        assert held[0].headers["x-lb-worker"] not in picks, picks
+        held[0].close()

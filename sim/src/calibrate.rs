@@ -25,12 +25,27 @@ pub enum Workload {
     Control,
     /// One of 24 shared 16,000-token prefixes plus 256 unique tokens.
     SharedPrefix,
+    /// Conversations of [`TURNS`] turns: a first turn of [`FIRST_TURN_TOKENS`] unique tokens,
+    /// then each turn's prompt is the previous prompt, the engine's answer to it and
+    /// [`TURN_TOKENS`] new tokens (GuideLLM keeps the history). A client runs one
+    /// conversation to its end, then starts the next.
+    MultiTurn,
 }
+
+/// Multi-turn: unique tokens of a conversation's first turn.
+pub const FIRST_TURN_TOKENS: u32 = 8_000;
+/// Multi-turn: new tokens of every later turn.
+pub const TURN_TOKENS: u32 = 400;
+/// Multi-turn: turns per conversation.
+pub const TURNS: u32 = 8;
 
 impl Workload {
     /// The benchmark's TTFT objective for goodput (BENCHMARK.md), ms at time scale 1.
     pub fn slo_ms(self) -> f64 {
-        8_000.0
+        match self {
+            Workload::Control | Workload::SharedPrefix => 8_000.0,
+            Workload::MultiTurn => 4_000.0,
+        }
     }
 }
 
@@ -40,8 +55,14 @@ impl Workload {
 pub enum Routing {
     /// Uniformly random (kube-proxy).
     Random,
-    /// Each prefix always on the same engine (ideal cache affinity).
+    /// Each prefix (multi-turn: each conversation) always on the same engine (ideal cache
+    /// affinity).
     PrefixAffinity,
+    /// Engines in turn.
+    RoundRobin,
+    /// The engine with the fewest requests (running and waiting), ties to the lowest index:
+    /// what a load-balancing router does when no prefix matches.
+    LeastOutstanding,
     /// The engine with the lowest true TTFT for this request: each engine cloned and stepped
     /// until the request's first token, plus the rest of its step in progress. Greedy: it does
     /// not see later arrivals.
@@ -77,8 +98,11 @@ pub struct Dispatched {
 pub struct RouteContext<'a> {
     /// The request's prompt.
     pub prompt: &'a [u32],
-    /// Which of the workload's shared prefixes it carries (for affinity rules).
+    /// Which of the workload's shared prefixes (multi-turn: which conversation) it carries,
+    /// for affinity rules.
     pub prefix: u32,
+    /// Requests placed before this one.
+    pub placed: u64,
     /// The engines, in their true current state.
     pub engines: &'a [Engine],
     /// Milliseconds left of each engine's step in progress (0 when idle).
@@ -119,6 +143,13 @@ impl Route for Routing {
         match self {
             Routing::Random => (ctx.random % n as u64) as usize,
             Routing::PrefixAffinity => ctx.prefix as usize % n,
+            Routing::RoundRobin => (ctx.placed % n as u64) as usize,
+            Routing::LeastOutstanding => (0..n)
+                .min_by_key(|&i| {
+                    let s = ctx.engines[i].stats();
+                    (s.running + s.waiting, i)
+                })
+                .unwrap_or(0),
             Routing::Oracle => (0..n)
                 .map(|i| (i, ctx.rest_of_step_ms[i] + ctx.engines[i].predict_ttft_ms(ctx.prompt)))
                 .min_by(|a, b| a.1.total_cmp(&b.1))
@@ -163,9 +194,24 @@ pub struct RunResult {
     pub goodput_per_min: f64,
     /// Fleet prefix-cache hit rate (hit tokens / queried tokens).
     pub cache_hit_rate: f64,
+    /// Engine preemptions (KV cache exhausted, a running request's work recomputed) per
+    /// completed request, over the whole run.
+    pub preemptions_per_request: f64,
+}
+
+/// A multi-turn client's conversation.
+#[derive(Debug, Clone)]
+struct Conversation {
+    id: u32,
+    turns: u32,
+    /// The last turn's prompt (the answer to it is appended when the next turn starts).
+    history: Vec<u32>,
 }
 
 struct Pending {
+    client: usize,
+    /// Generated tokens (multi-turn only: the next turn's prompt carries them).
+    answer: Vec<u32>,
     arrived: f64,
     first: Option<f64>,
     last: f64,
@@ -196,32 +242,63 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
         rng
     };
     let mut unique_counter: u32 = 0;
-    let mut make_prompt = |next_rand: &mut dyn FnMut() -> u64| -> (Vec<u32>, u32) {
-        let mut prompt = Vec::with_capacity(16_256);
-        let prefix = (next_rand() % 24) as u32;
-        match spec.workload {
-            Workload::Control => {}
-            Workload::SharedPrefix => prompt.extend((0..16_000).map(|i| 50_000 + prefix * 16_000 + i)),
-        }
-        let unique = if spec.workload == Workload::Control { 16_256 } else { 256 };
+    let mut unique_tokens = |n: u32| -> Vec<u32> {
         unique_counter += 1;
-        prompt.extend((0..unique).map(|i| 1_000_000 + unique_counter * 20_000 + i));
-        (prompt, prefix)
+        (0..n).map(|i| 1_000_000 + unique_counter * 20_000 + i).collect()
+    };
+    // Per client, the conversation in progress (multi-turn): its number, the turns done and
+    // the prompt and answer of the last turn.
+    let mut conversations: Vec<Option<Conversation>> = vec![None; spec.concurrency as usize];
+    let mut conversation_counter: u32 = 0;
+    let mut next_prompt = |client: usize, answer: Vec<u32>, next_rand: &mut dyn FnMut() -> u64| -> (Vec<u32>, u32) {
+        match spec.workload {
+            Workload::Control => (unique_tokens(16_256), 0),
+            Workload::SharedPrefix => {
+                let prefix = (next_rand() % 24) as u32;
+                let mut prompt: Vec<u32> = (0..16_000).map(|i| 50_000 + prefix * 16_000 + i).collect();
+                prompt.extend(unique_tokens(256));
+                (prompt, prefix)
+            }
+            Workload::MultiTurn => {
+                let conv = &mut conversations[client];
+                match conv.take().filter(|c| c.turns < TURNS) {
+                    Some(mut c) => {
+                        c.history.extend(answer);
+                        c.history.extend(unique_tokens(TURN_TOKENS));
+                        c.turns += 1;
+                        let out = (c.history.clone(), c.id);
+                        *conv = Some(c);
+                        out
+                    }
+                    None => {
+                        conversation_counter += 1;
+                        let history = unique_tokens(FIRST_TURN_TOKENS);
+                        let id = conversation_counter;
+                        *conv = Some(Conversation { id, turns: 1, history: history.clone() });
+                        (history, id)
+                    }
+                }
+            }
+        }
     };
     let mut now = 0.0;
+    let mut placed = 0u64;
     let (mut done, mut measured_start) = (0u32, None::<f64>);
     let (mut ttfts, mut itls, mut e2es) = (Vec::new(), Vec::new(), Vec::new());
-    let mut submit = |engines: &mut Vec<Engine>,
+    let mut submit = |client: usize,
+                      answer: Vec<u32>,
+                      engines: &mut Vec<Engine>,
                       unstarted: &mut Vec<Vec<Dispatched>>,
                       pending: &mut HashMap<(usize, RequestId), Pending>,
                       busy_until: &[Option<(f64, crate::engine::StepOutput)>],
                       router: &mut dyn Route,
                       now: f64,
                       next_rand: &mut dyn FnMut() -> u64| {
-        let (prompt, prefix) = make_prompt(next_rand);
+        let (prompt, prefix) = next_prompt(client, answer, next_rand);
         let ctx = RouteContext {
             prompt: &prompt,
             prefix,
+            placed,
             engines: engines.as_slice(),
             rest_of_step_ms: busy_until.iter().map(|b| b.as_ref().map_or(0.0, |(t, _)| t - now)).collect(),
             unstarted: unstarted.as_slice(),
@@ -229,6 +306,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
             now_ms: now,
         };
         let e = router.choose(&ctx).min(engines.len() - 1);
+        placed += 1;
         let uncached = (prompt.len() as u32).saturating_sub(engines[e].cached_prefix_tokens(&prompt));
         let queued: u64 = unstarted[e].iter().map(|d| d.uncached_tokens).sum();
         let running = engines[e].stats().running;
@@ -236,10 +314,23 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
         let id = engines[e].add_request(prompt.to_vec(), spec.output_tokens);
         let uncached_tokens = u64::from(uncached);
         unstarted[e].push(Dispatched { id, prompt, uncached_tokens, work_tokens: queued + uncached_tokens, running });
-        pending.insert((e, id), Pending { arrived: now, first: None, last: now, itls: Vec::new() });
+        pending.insert(
+            (e, id),
+            Pending { client, answer: Vec::new(), arrived: now, first: None, last: now, itls: Vec::new() },
+        );
     };
-    for _ in 0..spec.concurrency {
-        submit(&mut engines, &mut unstarted, &mut pending, &busy_until, router, now, &mut next_rand);
+    for client in 0..spec.concurrency as usize {
+        submit(
+            client,
+            Vec::new(),
+            &mut engines,
+            &mut unstarted,
+            &mut pending,
+            &busy_until,
+            router,
+            now,
+            &mut next_rand,
+        );
     }
     let total = spec.requests + spec.warmup;
     while done < total {
@@ -275,6 +366,9 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
                 p.itls.push(now - p.last);
             }
             p.last = now;
+            if spec.workload == Workload::MultiTurn {
+                p.answer.push(tok.token);
+            }
             if tok.finished
                 && let Some(p) = pending.remove(&key)
             {
@@ -286,15 +380,24 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
                     e2es.push((now - p.arrived) / 1000.0);
                 }
                 if done < total {
-                    submit(&mut engines, &mut unstarted, &mut pending, &busy_until, router, now, &mut next_rand);
+                    submit(
+                        p.client,
+                        p.answer,
+                        &mut engines,
+                        &mut unstarted,
+                        &mut pending,
+                        &busy_until,
+                        router,
+                        now,
+                        &mut next_rand,
+                    );
                 }
             }
         }
     }
-    let (q, h) = engines
-        .iter()
-        .map(|e| e.counters())
-        .fold((0u64, 0u64), |(q, h), c| (q + c.prefix_cache_queries, h + c.prefix_cache_hits));
+    let (q, h, preemptions) = engines.iter().map(|e| e.counters()).fold((0u64, 0u64, 0u64), |(q, h, p), c| {
+        (q + c.prefix_cache_queries, h + c.prefix_cache_hits, p + c.preemptions)
+    });
     let span_min = (now - measured_start.unwrap_or(0.0)).max(1.0) / 60_000.0;
     RunResult {
         ttft_ms_p50: percentile(&mut ttfts.clone(), 0.5),
@@ -304,5 +407,6 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
         requests_per_min: f64::from(spec.requests) / span_min,
         goodput_per_min: ttfts.iter().filter(|&&t| t <= spec.workload.slo_ms()).count() as f64 / span_min,
         cache_hit_rate: if q == 0 { 0.0 } else { h as f64 / q as f64 },
+        preemptions_per_request: preemptions as f64 / f64::from(done.max(1)),
     }
 }

@@ -35,3 +35,26 @@ fn oracle_routing_spreads_unique_prompts_better_than_random() {
     assert!(oracle.ttft_ms_p95 < random.ttft_ms_p95, "{oracle:?} vs {random:?}");
     assert!(oracle.ttft_ms_p50 <= random.ttft_ms_p50, "{oracle:?} vs {random:?}");
 }
+
+#[test]
+fn multi_turn_conversations_reuse_their_history_where_they_stay() {
+    let affinity = run_with(Workload::MultiTurn, Routing::PrefixAffinity);
+    let random = run_with(Workload::MultiTurn, Routing::Random);
+    // A turn's prompt is the last turn's prompt and answer plus 400 tokens: on the engine that
+    // served the conversation nearly all of it is cached (the first turns are the misses).
+    assert!(affinity.cache_hit_rate > 0.75, "{affinity:?}");
+    assert!(random.cache_hit_rate < affinity.cache_hit_rate - 0.2, "{random:?} vs {affinity:?}");
+    assert!(affinity.ttft_ms_p50 < random.ttft_ms_p50, "{affinity:?} vs {random:?}");
+    assert_eq!(Workload::MultiTurn.slo_ms(), 4_000.0);
+}
+
+#[test]
+fn round_robin_and_least_outstanding_place_every_request() {
+    for routing in [Routing::RoundRobin, Routing::LeastOutstanding] {
+        let r = run_with(Workload::Control, routing);
+        assert!(r.requests_per_min > 0.0 && r.ttft_ms_p50 > 0.0, "{routing:?}: {r:?}");
+        // Unique prompts: balancing beats random on the tail.
+        let random = run_with(Workload::Control, Routing::Random);
+        assert!(r.ttft_ms_p95 < random.ttft_ms_p95, "{routing:?}: {r:?} vs {random:?}");
+    }
+}
