@@ -248,15 +248,16 @@ def write_report(out, meta, runs):
         # Open-loop arrivals: how late requests left GuideLLM against their schedule, and what
         # was still in flight when the window closed, show a fleet that did not keep up.
         open_loop = any(point(r)[0] == "poisson" for r in rows)
-        extra = " dispatch delay p95 | in flight at end |" if open_loop else ""
+        extra = " dispatch delay p95 | in flight at end | start-up burst |" if open_loop else ""
         lines += [f"## {w}", "", f"| router | {point_header(rows)} | requests | TTFT p50 | TTFT p95 | ITL p50 | E2E p50 | req/min | goodput/min | cache hit | fleet behind | preempted/req |{extra} TTFT p50 vs random | vs best peer |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if open_loop else "")]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if open_loop else "")]
         for r in rows:
             same = [x for x in runs if x["workload"] == w and point(x) == point(r)]
             rnd = next((x for x in same if x["router"] == "random"), None)
             peers = [x["ttft_ms_p50"] for x in same if x["router"] in PEERS and x["ttft_ms_p50"]]
             best_peer = min(peers) if peers else None
-            extra = f" {fmt(r.get('dispatch_delay_ms_p95'), 'ms')} | {r.get('incomplete_at_end', '-')} |" if open_loop else ""
+            extra = (f" {fmt(r.get('dispatch_delay_ms_p95'), 'ms')} | {r.get('incomplete_at_end', '-')} | "
+                     f"{r.get('startup_burst', '-')} |") if open_loop else ""
             lines.append(
                 f"| {r['router']} | {value(point(r))} | {r.get('requests', '-')} | {with_ci(r, 'ttft_ms_p50', 'ms')} | {with_ci(r, 'ttft_ms_p95', 'ms')} | "
                 f"{fmt(r['itl_ms_p50'], 'ms')} | {r['e2e_s_p50']:.1f} s | {r['requests_per_min']:.1f} | {with_ci(r, 'goodput_per_min')} | "
@@ -273,7 +274,10 @@ def write_report(out, meta, runs):
               "concurrency or rate."
               + (" Rate: requests per wall second. Dispatch delay: how long after its scheduled arrival GuideLLM sent a "
                  "request (scale 1; a multi-turn request's wait for its previous turn excluded), non-zero once the cap "
-                 "on requests in flight binds. In flight at end: requests still unanswered when the window closed."
+                 "on requests in flight binds. In flight at end: requests still unanswered when the window closed. "
+                 "Poisson rows count the requests sent inside the window (not those completed in it). Start-up burst: "
+                 "requests GuideLLM sent in the cell's first 2 s, the arrivals it scheduled while still starting up; "
+                 "compare routers only where it is similar."
                  if any(point(r)[0] == "poisson" for r in runs) else ""), ""]
     lines += live_vs_virtual(meta, runs)
     (out / "report.md").write_text("\n".join(lines))

@@ -80,7 +80,10 @@ def test_oracle_decisions_see_each_other(start_sim, start_lb):
     oracle = start_lb("oracle", sim)
 
     def stream(i):
-        body = {"model": "sim-model", "prompt": f"request {i} " + "cold prompt words " * 600, "max_tokens": 2, "stream": True}
+        # 200 output tokens keep each request on its worker for ~0.5 s of wall time, so the three
+        # overlap even when a loaded machine starts the threads tens of milliseconds apart (with
+        # 2 tokens the first could finish before the third was decided, freeing its worker).
+        body = {"model": "sim-model", "prompt": f"request {i} " + "cold prompt words " * 600, "max_tokens": 200, "stream": True}
         with httpx.stream("POST", oracle + "/v1/completions", json=body, timeout=60) as r:
             assert r.status_code == 200
             worker = r.headers["x-lb-worker"]
