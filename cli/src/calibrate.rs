@@ -12,7 +12,7 @@ use switchyard_core::request::WorkerKey;
 use switchyard_core::{FleetConfig, Outcome, Target};
 use switchyard_gateway::request::{Dialect, Prompt, TextPrompt};
 use switchyard_gateway::{InferenceRequest, plan};
-use switchyard_sim::calibrate::{Route, RouteContext, Routing, RunSpec, Workload, run};
+use switchyard_sim::calibrate::{Arrival, Route, RouteContext, Routing, RunSpec, Workload, run};
 use switchyard_sim::engine::EngineStats;
 use switchyard_sim::profile::{self, Profile};
 use switchyard_spoke::calibration::Calibrator;
@@ -39,9 +39,12 @@ pub struct Args {
     /// switchyard).
     #[arg(long, value_delimiter = ',', default_value = "random,prefix-affinity")]
     routing: Vec<String>,
-    /// Concurrency levels.
+    /// Concurrency levels (closed-loop clients).
     #[arg(long, value_delimiter = ',', default_value = "4,8,16,24,32")]
     concurrency: Vec<u32>,
+    /// Poisson arrival rates, requests per second, instead of concurrency levels.
+    #[arg(long, value_delimiter = ',')]
+    rate: Vec<f64>,
     /// Measured requests per run.
     #[arg(long, default_value_t = 240)]
     requests: u32,
@@ -70,6 +73,11 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
         anyhow::ensure!(blocks > 0, "--kv-blocks must be positive");
         p.num_gpu_blocks = blocks;
     }
+    let arrivals: Vec<Arrival> = if args.rate.is_empty() {
+        args.concurrency.iter().map(|&concurrency| Arrival::Concurrent { concurrency }).collect()
+    } else {
+        args.rate.iter().map(|&rate_per_s| Arrival::Poisson { rate_per_s }).collect()
+    };
     let mut rows = Vec::new();
     for w in &args.workload {
         let workload = match w.as_str() {
@@ -79,7 +87,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
             other => anyhow::bail!("unknown workload `{other}`"),
         };
         for r in &args.routing {
-            for &c in &args.concurrency {
+            for &arrival in &arrivals {
                 let mut router: Box<dyn Route> = match r.as_str() {
                     "random" => Box::new(Routing::Random),
                     "prefix-affinity" => Box::new(Routing::PrefixAffinity),
@@ -92,19 +100,23 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                 let spec = RunSpec {
                     engines: args.engines,
                     workload,
-                    concurrency: c,
+                    arrival,
                     requests: args.requests,
                     warmup: args.warmup,
                     output_tokens: args.output_tokens,
                     seed: args.seed,
                 };
-                let result = run(&p, &spec, router.as_mut());
+                let result = run(&p, &spec, router.as_mut()).with_context(|| format!("{w} at {arrival:?}"))?;
                 if args.format == Format::Text {
+                    let load = match arrival {
+                        Arrival::Concurrent { concurrency } => format!("c={concurrency}"),
+                        Arrival::Poisson { rate_per_s } => format!("rate={rate_per_s}/s"),
+                    };
                     println!(
-                        "{:<14} {:<16} c={:<3} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%  preempted/req {:.2}",
+                        "{:<14} {:<16} {:<10} ttft p50 {:>8.0} ms  p95 {:>8.0} ms  itl p50 {:>5.1} ms  e2e p50 {:>6.1} s  {:>6.1} req/min  goodput {:>6.1}/min  hit {:>5.1}%  preempted/req {:.2}",
                         w,
                         r,
-                        c,
+                        load,
                         result.ttft_ms_p50,
                         result.ttft_ms_p95,
                         result.itl_ms_p50,

@@ -522,31 +522,40 @@ REFERENCE_SHAPES = {"prefix_count": 24, "prefix_tokens": 16000, "unique_tokens":
                     "turn_tokens": 400, "turns": 8}
 
 
-def virtual_time(opts, workloads):
+def virtual_time(opts, workloads, settings):
     """Switchyard's and the oracle's figures for the same fleet and load in virtual time:
     `switchyard calibrate` runs the spoke's own decision function (and the oracle's rule) over
     the simulator's engine model with no wall clock in the loop, so the difference to the live
-    row is what the live path loses (HTTP, tokenisation, scrape lag, a shared machine).
-    Returns (rows, why none)."""
-    if opts.arrival != "concurrent":
-        return [], "open-loop arrivals have no virtual-time counterpart (the calibrator drives closed-loop clients)"
+    row is what the live path loses (HTTP, tokenisation, scrape lag, a shared machine). Poisson
+    rates are given to the calibrator at time scale 1 (a workload's wall rate times its time
+    scale). Returns (rows, why none)."""
     if opts.slow_worker is not None:
         return [], "the calibrator's engines all run at the profile's speed"
     if any(getattr(opts, k) != v for k, v in REFERENCE_SHAPES.items()) or opts.profile != REFERENCE_PROFILE:
         return [], "the calibrator knows the reference workload shapes only, sized for the reference profile"
-    cmd = [opts.bin, "calibrate", "--profile", opts.profile, "--engines", str(opts.workers),
-           "--workload", ",".join(workloads), "--routing", "switchyard,oracle",
-           "--concurrency", ",".join(str(c) for c in opts.points), "--requests", "1000", "--warmup", "200",
-           "--output-tokens", str(opts.output_tokens), "--seed", str(opts.seed), "--format", "json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"switchyard calibrate failed: {done.stderr.strip()}")
+    poisson = opts.arrival == "poisson"
+    # Multi-turn turns wait for their previous answer: the calibrator runs it closed-loop only.
+    modelled = [w for w in workloads if not (poisson and w == "multi-turn")]
+    if not modelled:
+        return [], "multi-turn under Poisson arrivals has no virtual-time counterpart"
     rows = []
-    for r in json.loads(done.stdout)["runs"]:
-        res = r["result"]
-        rows.append({"workload": r["spec"]["workload"], "concurrency": r["spec"]["concurrency"], "router": r["routing"],
-                     "requests": r["spec"]["requests"], **{k: res[k] for k in (
-                         "ttft_ms_p50", "ttft_ms_p95", "requests_per_min", "goodput_per_min", "preemptions_per_request")}})
+    for workload in modelled:
+        scale = settings[workload]["time_scale"]
+        load = (["--rate", ",".join(f"{r * scale:g}" for r in opts.points)] if poisson
+                else ["--concurrency", ",".join(str(c) for c in opts.points)])
+        cmd = [opts.bin, "calibrate", "--profile", opts.profile, "--engines", str(opts.workers),
+               "--workload", workload, "--routing", "switchyard,oracle", *load, "--requests", "1000", "--warmup", "200",
+               "--output-tokens", str(opts.output_tokens), "--seed", str(opts.seed), "--format", "json"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"switchyard calibrate failed: {done.stderr.strip()}")
+        for r in json.loads(done.stdout)["runs"]:
+            res, arrival = r["result"], r["spec"]["arrival"]
+            # The live row's load point: its concurrency, or its wall rate.
+            point = ("poisson", round(arrival["ratePerS"] / scale, 9)) if poisson else ("concurrent", arrival["concurrency"])
+            rows.append({"workload": r["spec"]["workload"], "arrival": point[0], "point": point[1], "router": r["routing"],
+                         "requests": r["spec"]["requests"], **{k: res[k] for k in (
+                             "ttft_ms_p50", "ttft_ms_p95", "requests_per_min", "goodput_per_min", "preemptions_per_request")}})
     return rows, None
 
 
@@ -677,7 +686,7 @@ def main():
             "machine": machine(), "versions": versions(opts), "seed": opts.seed, "slo_ms": SLO_MS,
             "workloads": {w: data_spec(w, opts) for w in workloads}}
     log("virtual-time figures (switchyard calibrate)")
-    meta["virtual"], meta["virtual_skipped"] = virtual_time(opts, workloads)
+    meta["virtual"], meta["virtual_skipped"] = virtual_time(opts, workloads, settings)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
     from report import write_report
     write_report(out, meta, runs)

@@ -182,30 +182,39 @@ def load_lines(meta):
 
 
 def live_vs_virtual(meta, runs):
-    """Per workload and concurrency, Switchyard's live figures beside its own decision function's
+    """Per workload and load point, Switchyard's live figures beside its own decision function's
     in virtual time (and the oracle's, live and virtual): how much the live path loses."""
     virtual = meta.get("virtual") or []
     if not virtual:
         why = meta.get("virtual_skipped")
         return [f"Virtual-time figures: not computed ({why}).", ""] if why else []
+
+    def vpoint(v):
+        # Rows written before open-loop virtual runs carry only a concurrency.
+        return (v.get("arrival", "concurrent"), v.get("point", v.get("concurrency")))
+
+    kinds = {vpoint(v)[0] for v in virtual}
+    header = "c" if kinds == {"concurrent"} else "rate"
     lines = ["## Live against virtual time", "",
-             "| workload | c | Switchyard TTFT p50 live / virtual | p95 live / virtual | goodput/min live / virtual | "
+             f"| workload | {header} | Switchyard TTFT p50 live / virtual | p95 live / virtual | goodput/min live / virtual | "
              "oracle TTFT p50 live / virtual | oracle p95 live / virtual |",
              "|---|---|---|---|---|---|---|"]
     for v in [v for v in virtual if v["router"] == "switchyard"]:
-        pt = ("concurrent", v["concurrency"])
+        pt = vpoint(v)
         live = find(runs, "switchyard", v["workload"], pt)
         ov = next((o for o in virtual if o["router"] == "oracle" and o["workload"] == v["workload"]
-                   and o["concurrency"] == v["concurrency"]), None)
+                   and vpoint(o) == pt), None)
         olive = find(runs, "oracle", v["workload"], pt)
 
         def pair(run, virt, key, unit="ms"):
             show = (lambda x: fmt(x, unit)) if unit else (lambda x: f"{x:.1f}")
             return f"{show(run[key]) if run else '-'} / {show(virt[key]) if virt else '-'}"
 
-        lines.append(f"| {v['workload']} | {v['concurrency']} | {pair(live, v, 'ttft_ms_p50')} | {pair(live, v, 'ttft_ms_p95')} | "
+        label = pt[1] if pt[0] == "concurrent" else f"{pt[1]:g}/s"
+        lines.append(f"| {v['workload']} | {label} | {pair(live, v, 'ttft_ms_p50')} | {pair(live, v, 'ttft_ms_p95')} | "
                      f"{pair(live, v, 'goodput_per_min', '')} | {pair(olive, ov, 'ttft_ms_p50')} | {pair(olive, ov, 'ttft_ms_p95')} |")
-    lines += ["", "Virtual: `switchyard calibrate` over the same profile, engine count, concurrency, output length and "
+    load = ("Poisson rate (at time scale 1)" if header == "rate" else "concurrency")
+    lines += ["", f"Virtual: `switchyard calibrate` over the same profile, engine count, {load}, output length and "
               "seed, 1,000 measured requests after 200, the spoke's own decision function and TTFT calibration (or the "
               "oracle's rule) over the simulator's engine model with no wall clock in the loop: no HTTP, tokenisation, "
               "scrape lag or shared cores. Live minus virtual is what the live path loses.", ""]

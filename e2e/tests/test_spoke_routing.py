@@ -3,6 +3,7 @@
 import collections
 import random
 import threading
+import time
 
 import httpx
 import openai
@@ -143,3 +144,37 @@ def test_openai_sdk_through_the_spoke(start_sim, start_spoke):
         assert e.body["code"] == "model_not_found"
     r = httpx.post(spoke.url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_queued_request_keeps_its_prefix_booked(start_sim, start_spoke):
+    """The blocks a routed request will write count as cached on its worker for as long as it
+    waits for the engine, however long that is: a request with the same prefix sent while the
+    first one is still queued follows it (and hits the cache once the first one's prefill is
+    done) instead of duplicating the prefix on an idle worker. A booking that expired by the
+    clock (PENDING_TTL, 5 s) would send it to the idle worker."""
+    sim = start_sim("--profile", "l40s-27b-fp8", "--time-scale", "1", workers=2)
+    spoke = start_spoke(spoke_config([sim], prefill_tokens_per_second=int(1000 / 0.42)))
+    prefix = prefix_text(41)
+    prefix_tokens = httpx.post(sim.url + "/tokenize", json={"prompt": prefix}).json()["count"]
+    # Ten times slower engines: the first request's ~2,000-token prefill takes ~8.4 s of wall
+    # time, so it is still unstarted when the second one is routed 6.5 s after it.
+    for w in range(2):
+        sim.faults(worker=w, slowdown=10.0)
+    results = {}
+
+    def send(name):
+        body = {"model": "sim-model", "prompt": prefix + f" unique {name}", "max_tokens": 2}
+        r = httpx.post(spoke.url + "/v1/completions", json=body, timeout=90)
+        assert r.status_code == 200, r.text
+        results[name] = (r.headers["x-switchyard-target"],
+                         (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+
+    first = threading.Thread(target=send, args=("first",))
+    first.start()
+    time.sleep(6.5)
+    assert first.is_alive(), "the first request must still be waiting for its first token"
+    send("second")
+    first.join()
+    (t1, c1), (t2, c2) = results["first"], results["second"]
+    assert t2 == t1, results
+    assert c1 == 0 and c2 >= 0.9 * prefix_tokens, (results, prefix_tokens)

@@ -8,7 +8,9 @@
 //! - every dispatch ends exactly once: [`Observer::end`] is called with the outcome, also
 //!   when the client goes away (the relay's drop guard reports `Cancelled`);
 //! - a [`Booking`] is released when dropped unless the request completed: a failed upstream
-//!   never keeps a reservation (e.g. predicted cache blocks) that nothing will fill.
+//!   never keeps a reservation (e.g. predicted cache blocks) that nothing will fill; it is told
+//!   when the engine started answering ([`Release::started`]), however long the request
+//!   queued before that.
 
 use std::time::Duration;
 
@@ -41,6 +43,9 @@ pub trait Observer: Send {
 pub trait Release: Send {
     /// Gives the reservation back.
     fn release(self: Box<Self>);
+    /// The engine produced the first token (or the request completed): the reserved work is
+    /// done, so the reservation need only outlive the engine's own report of it.
+    fn started(&self) {}
 }
 
 /// A reservation made for one dispatch, released on drop unless kept.
@@ -58,9 +63,18 @@ impl Booking {
         Booking(None)
     }
 
+    /// The engine started answering: see [`Release::started`].
+    pub fn started(&self) {
+        if let Some(r) = &self.0 {
+            r.started();
+        }
+    }
+
     /// The request completed: the reservation stays (it expires or is confirmed by itself).
     pub fn keep(mut self) {
-        self.0 = None;
+        if let Some(r) = self.0.take() {
+            r.started();
+        }
     }
 }
 
@@ -93,6 +107,7 @@ impl Dispatch {
     }
 
     pub(crate) fn first_token(&mut self, elapsed: Duration) {
+        self.booking.started();
         for o in &mut self.observers {
             o.first_token(elapsed);
         }
@@ -149,6 +164,36 @@ mod tests {
         fn release(self: Box<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// Counts `started` calls (high half) and releases (low half).
+    struct Starts(Arc<AtomicU32>);
+    impl Release for Starts {
+        fn release(self: Box<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn started(&self) {
+            self.0.fetch_add(1 << 16, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn bookings_learn_when_the_engine_started_answering() {
+        let seen = Arc::new(AtomicU32::new(0));
+        let booking = || Booking::new(Box::new(Starts(seen.clone())));
+        // A first token starts it; completing keeps it (started again, never released).
+        let mut d = Dispatch { booking: booking(), observers: Vec::new() };
+        d.first_token(Duration::from_millis(5));
+        assert_eq!(seen.load(Ordering::SeqCst), 1 << 16);
+        d.end(Outcome::Completed);
+        assert_eq!(seen.load(Ordering::SeqCst), 2 << 16);
+        // Failing after the first token still releases it; failing before never starts it.
+        let mut d = Dispatch { booking: booking(), observers: Vec::new() };
+        d.first_token(Duration::from_millis(5));
+        d.end(Outcome::Failed);
+        assert_eq!(seen.load(Ordering::SeqCst), (3 << 16) + 1);
+        Dispatch { booking: booking(), observers: Vec::new() }.end(Outcome::Cancelled);
+        assert_eq!(seen.load(Ordering::SeqCst), (3 << 16) + 2);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Virtual-time fleet runs for calibrating profiles.
 //!
-//! Several [`Engine`]s run in simulated time (no sleeping) behind a chosen routing rule, each
-//! driven by closed-loop clients: `concurrency` clients each send a request, wait for its last
-//! token, and send the next. Because the engine model is deterministic and time is virtual, a
+//! Several [`Engine`]s run in simulated time (no sleeping) behind a chosen routing rule, driven
+//! by closed-loop clients (`concurrency` clients each send a request, wait for its last token,
+//! and send the next) or by open-loop Poisson arrivals ([`Arrival`]). Because the engine model is deterministic and time is virtual, a
 //! run at time scale 1 over hundreds of 16k-token requests takes seconds of CPU. The figures
 //! (median/p95 TTFT, median ITL, median E2E, requests and goodput per minute, prefix-cache hit
 //! rate) are what the benchmark measures through the real HTTP stack, minus network and
@@ -88,7 +88,8 @@ pub trait Route {
 pub struct Dispatched {
     id: RequestId,
     prompt: Arc<Vec<u32>>,
-    /// Prompt tokens that were not cached on the engine at dispatch.
+    /// Prompt tokens neither cached on the engine nor booked by an unstarted request at
+    /// dispatch.
     pub uncached_tokens: u64,
     work_tokens: u64,
     running: u32,
@@ -158,6 +159,26 @@ impl Route for Routing {
     }
 }
 
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Arrival {
+    /// Closed-loop clients, each sending its next request when the last one finished.
+    #[serde(rename_all = "camelCase")]
+    Concurrent {
+        /// Clients.
+        concurrency: u32,
+    },
+    /// Open-loop arrivals with exponential gaps (GuideLLM's `poisson` profile), whatever the
+    /// fleet's state. Every arrival is one request, so multi-turn (whose turns wait for the
+    /// previous answer) needs closed-loop clients; [`run`] refuses it.
+    #[serde(rename_all = "camelCase")]
+    Poisson {
+        /// Requests per second of virtual time.
+        rate_per_s: f64,
+    },
+}
+
 /// Parameters of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSpec {
@@ -165,11 +186,12 @@ pub struct RunSpec {
     pub engines: u32,
     /// Workload.
     pub workload: Workload,
-    /// Closed-loop clients.
-    pub concurrency: u32,
-    /// Requests to complete (after warm-up).
+    /// How requests arrive.
+    pub arrival: Arrival,
+    /// Requests measured (after warm-up).
     pub requests: u32,
-    /// Requests completed before measuring starts.
+    /// Requests before measuring starts: closed loop, the first to complete; open loop, the
+    /// first to arrive.
     pub warmup: u32,
     /// Output tokens per request.
     pub output_tokens: u32,
@@ -227,8 +249,29 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[idx]
 }
 
-/// Runs one closed-loop experiment in virtual time with `router` placing every request.
-pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResult {
+/// Why a run cannot start.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// Multi-turn conversations need closed-loop clients.
+    #[error("multi-turn needs concurrent arrivals: every turn waits for the previous answer")]
+    MultiTurnNeedsClients,
+    /// The arrival rate or concurrency cannot drive a run.
+    #[error("arrivals need a positive concurrency or a positive, finite rate")]
+    NoArrivals,
+}
+
+/// Runs one experiment in virtual time with `router` placing every request.
+pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<RunResult, RunError> {
+    let clients = match spec.arrival {
+        Arrival::Concurrent { concurrency } if concurrency > 0 => concurrency as usize,
+        Arrival::Poisson { rate_per_s } if rate_per_s > 0.0 && rate_per_s.is_finite() => {
+            if spec.workload == Workload::MultiTurn {
+                return Err(RunError::MultiTurnNeedsClients);
+            }
+            0
+        }
+        _ => return Err(RunError::NoArrivals),
+    };
     let vocab: Arc<Vec<u32>> = Arc::new((1000..1400).collect());
     let mut engines: Vec<Engine> = (0..spec.engines)
         .map(|i| Engine::new(profile.clone(), mix(u64::from(i) + 17), spec.seed, vocab.clone()))
@@ -248,7 +291,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
     };
     // Per client, the conversation in progress (multi-turn): its number, the turns done and
     // the prompt and answer of the last turn.
-    let mut conversations: Vec<Option<Conversation>> = vec![None; spec.concurrency as usize];
+    let mut conversations: Vec<Option<Conversation>> = vec![None; clients];
     let mut conversation_counter: u32 = 0;
     let mut next_prompt = |client: usize, answer: Vec<u32>, next_rand: &mut dyn FnMut() -> u64| -> (Vec<u32>, u32) {
         match spec.workload {
@@ -307,7 +350,9 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
         };
         let e = router.choose(&ctx).min(engines.len() - 1);
         placed += 1;
-        let uncached = (prompt.len() as u32).saturating_sub(engines[e].cached_prefix_tokens(&prompt));
+        // The ledger counts what the router itself would count (the spoke's booking): blocks a
+        // request dispatched earlier will write are not this request's prefill work.
+        let uncached = (prompt.len() as u32).saturating_sub(ctx.cached_or_booked_tokens(e));
         let queued: u64 = unstarted[e].iter().map(|d| d.uncached_tokens).sum();
         let running = engines[e].stats().running;
         let prompt = Arc::new(prompt);
@@ -319,20 +364,37 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
             Pending { client, answer: Vec::new(), arrived: now, first: None, last: now, itls: Vec::new() },
         );
     };
-    for client in 0..spec.concurrency as usize {
-        submit(
-            client,
-            Vec::new(),
-            &mut engines,
-            &mut unstarted,
-            &mut pending,
-            &busy_until,
-            router,
-            now,
-            &mut next_rand,
-        );
+    // Every submission places one request with the same state; only the client and the
+    // answer its next prompt carries differ.
+    macro_rules! submit {
+        ($client:expr, $answer:expr) => {
+            submit(
+                $client,
+                $answer,
+                &mut engines,
+                &mut unstarted,
+                &mut pending,
+                &busy_until,
+                router,
+                now,
+                &mut next_rand,
+            )
+        };
+    }
+    for client in 0..clients {
+        submit!(client, Vec::new());
     }
     let total = spec.requests + spec.warmup;
+    // Open loop: the next arrival's time and index (the index stands in for the client).
+    let gap_ms = |rate_per_s: f64, next_rand: &mut dyn FnMut() -> u64| {
+        let uniform = ((next_rand() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        -uniform.ln() / rate_per_s * 1_000.0
+    };
+    let mut next_arrival = match spec.arrival {
+        Arrival::Poisson { .. } => Some((0.0, 0usize)),
+        Arrival::Concurrent { .. } => None,
+    };
+    let (mut first_measured_arrival, mut last_arrival) = (None::<f64>, 0.0);
     while done < total {
         // Start a step on every idle engine with work.
         for (i, e) in engines.iter_mut().enumerate() {
@@ -342,13 +404,26 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
                 busy_until[i] = Some((now + out.duration_ms, out));
             }
         }
-        // Advance to the earliest step end.
-        let Some((i, _)) = busy_until
+        let step_end = busy_until
             .iter()
             .enumerate()
             .filter_map(|(i, b)| b.as_ref().map(|(t, _)| (i, *t)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-        else {
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        // An arrival before the earliest step end is placed first.
+        if let (Some((at, index)), Arrival::Poisson { rate_per_s }) = (next_arrival, spec.arrival)
+            && step_end.is_none_or(|(_, t)| at <= t)
+        {
+            now = at;
+            last_arrival = at;
+            if index >= spec.warmup as usize {
+                first_measured_arrival.get_or_insert(at);
+            }
+            submit!(index, Vec::new());
+            next_arrival = (index + 1 < total as usize).then(|| (at + gap_ms(rate_per_s, &mut next_rand), index + 1));
+            continue;
+        }
+        // Advance to the earliest step end.
+        let Some((i, _)) = step_end else {
             break;
         };
         let Some((t, out)) = busy_until[i].take() else { break };
@@ -373,24 +448,18 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
                 && let Some(p) = pending.remove(&key)
             {
                 done += 1;
-                if done > spec.warmup {
+                let measured = match spec.arrival {
+                    Arrival::Concurrent { .. } => done > spec.warmup,
+                    Arrival::Poisson { .. } => p.client >= spec.warmup as usize,
+                };
+                if measured {
                     measured_start.get_or_insert(p.arrived);
                     ttfts.push(p.first.unwrap_or(now) - p.arrived);
                     itls.extend(p.itls);
                     e2es.push((now - p.arrived) / 1000.0);
                 }
-                if done < total {
-                    submit(
-                        p.client,
-                        p.answer,
-                        &mut engines,
-                        &mut unstarted,
-                        &mut pending,
-                        &busy_until,
-                        router,
-                        now,
-                        &mut next_rand,
-                    );
+                if done < total && matches!(spec.arrival, Arrival::Concurrent { .. }) {
+                    submit!(p.client, p.answer);
                 }
             }
         }
@@ -398,8 +467,14 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
     let (q, h, preemptions) = engines.iter().map(|e| e.counters()).fold((0u64, 0u64, 0u64), |(q, h, p), c| {
         (q + c.prefix_cache_queries, h + c.prefix_cache_hits, p + c.preemptions)
     });
-    let span_min = (now - measured_start.unwrap_or(0.0)).max(1.0) / 60_000.0;
-    RunResult {
+    // Closed loop: from the first measured request's arrival to the end. Open loop: the measured
+    // arrivals' span, so that requests per minute is the arrival rate the fleet was offered.
+    let span_ms = match spec.arrival {
+        Arrival::Concurrent { .. } => now - measured_start.unwrap_or(0.0),
+        Arrival::Poisson { .. } => last_arrival - first_measured_arrival.unwrap_or(0.0),
+    };
+    let span_min = span_ms.max(1.0) / 60_000.0;
+    Ok(RunResult {
         ttft_ms_p50: percentile(&mut ttfts.clone(), 0.5),
         ttft_ms_p95: percentile(&mut ttfts, 0.95),
         itl_ms_p50: percentile(&mut itls, 0.5),
@@ -408,5 +483,5 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> RunResu
         goodput_per_min: ttfts.iter().filter(|&&t| t <= spec.workload.slo_ms()).count() as f64 / span_min,
         cache_hit_rate: if q == 0 { 0.0 } else { h as f64 / q as f64 },
         preemptions_per_request: preemptions as f64 / f64::from(done.max(1)),
-    }
+    })
 }

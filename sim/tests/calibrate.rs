@@ -1,13 +1,14 @@
 //! Virtual-time runs: the routing rules rank as they must on the reference profile, and goodput
 //! counts only requests within the SLO.
 
-use switchyard_sim::calibrate::{Routing, RunResult, RunSpec, Workload, run};
+use switchyard_sim::calibrate::{Arrival, Routing, RunError, RunResult, RunSpec, Workload, run};
 use switchyard_sim::profile;
 
 fn run_with(workload: Workload, mut routing: Routing) -> RunResult {
     let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
-    let spec = RunSpec { engines: 3, workload, concurrency: 8, requests: 120, warmup: 24, output_tokens: 300, seed: 1 };
-    run(p, &spec, &mut routing)
+    let arrival = Arrival::Concurrent { concurrency: 8 };
+    let spec = RunSpec { engines: 3, workload, arrival, requests: 120, warmup: 24, output_tokens: 300, seed: 1 };
+    run(p, &spec, &mut routing).expect("closed-loop run")
 }
 
 #[test]
@@ -56,5 +57,41 @@ fn round_robin_and_least_outstanding_place_every_request() {
         // Unique prompts: balancing beats random on the tail.
         let random = run_with(Workload::Control, Routing::Random);
         assert!(r.ttft_ms_p95 < random.ttft_ms_p95, "{routing:?}: {r:?} vs {random:?}");
+    }
+}
+
+fn poisson(workload: Workload, rate_per_s: f64, mut routing: Routing) -> Result<RunResult, RunError> {
+    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
+    let arrival = Arrival::Poisson { rate_per_s };
+    let spec = RunSpec { engines: 3, workload, arrival, requests: 200, warmup: 40, output_tokens: 300, seed: 1 };
+    run(p, &spec, &mut routing)
+}
+
+#[test]
+fn poisson_arrivals_offer_their_rate_whatever_the_routing() {
+    // Open loop: the measured arrivals span ~200 / 0.5 s, so the offered rate is what the
+    // run reports (within sampling noise of 200 exponential gaps), for a slow rule as for a
+    // good one; the slow rule's queues grow instead.
+    let random = poisson(Workload::SharedPrefix, 0.5, Routing::Random).expect("run");
+    let oracle = poisson(Workload::SharedPrefix, 0.5, Routing::Oracle).expect("run");
+    for r in [&random, &oracle] {
+        assert!((r.requests_per_min - 30.0).abs() < 6.0, "{r:?}");
+    }
+    assert!(oracle.ttft_ms_p50 < random.ttft_ms_p50, "{oracle:?} vs {random:?}");
+    assert!(oracle.goodput_per_min > random.goodput_per_min, "{oracle:?} vs {random:?}");
+    // A rate the fleet cannot serve: queues grow without bound and the tail with them.
+    let overload = poisson(Workload::Control, 2.0, Routing::RoundRobin).expect("run");
+    let light = poisson(Workload::Control, 0.1, Routing::RoundRobin).expect("run");
+    assert!(overload.ttft_ms_p95 > 5.0 * light.ttft_ms_p95, "{overload:?} vs {light:?}");
+}
+
+#[test]
+fn open_loop_refuses_what_it_cannot_run() {
+    assert_eq!(
+        poisson(Workload::MultiTurn, 1.0, Routing::Random).expect_err("multi-turn is closed-loop"),
+        RunError::MultiTurnNeedsClients
+    );
+    for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(poisson(Workload::Control, rate, Routing::Random).expect_err("no arrivals"), RunError::NoArrivals);
     }
 }

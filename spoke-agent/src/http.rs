@@ -424,6 +424,10 @@ impl Release for PendingBlocks {
     fn release(self: Box<Self>) {
         self.index.unbook(self.worker, &self.hashes);
     }
+
+    fn started(&self) {
+        self.index.started(self.worker, &self.hashes);
+    }
 }
 
 /// One vLLM worker as a relay target.

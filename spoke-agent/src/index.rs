@@ -5,8 +5,10 @@
 //! kept only as opaque ids for parent links and removals, because engines salt them per
 //! process. On top of the tree sits a short-lived *pending* overlay: the blocks a request will
 //! create on the worker it was just sent to, so the next request with the same prefix follows
-//! it before the engine's `BlockStored` arrives. Pending entries expire after
-//! [`PENDING_TTL`]; by then the engine has either announced the blocks or evicted them.
+//! it before the engine's `BlockStored` arrives. A booking lasts while its request waits for
+//! the engine, however long it queues (its blocks are on their way; the request path releases
+//! it if the request fails), and [`PENDING_TTL`] past the request's first token: by then the
+//! engine has announced the blocks it wrote, or evicted them.
 //!
 //! A booking is the routed prompt's whole block sequence, shared with the request (`Arc`), so
 //! booking and releasing cost O(1) on the request path, and a lookup matches each booking as
@@ -25,29 +27,42 @@ use dynamo_kv_router::{ConcurrentRadixTreeCompressed, ThreadPoolIndexer};
 // Worker ids are small integers: a hash made for them, not SipHash, on the request path.
 use rustc_hash::FxHashMap as HashMap;
 
-/// How long a routed request's blocks count as cached on its worker before the engine's own
-/// events confirm them.
-pub const PENDING_TTL: Duration = Duration::from_secs(20);
+/// How long a routed request's blocks still count as cached on its worker after its first
+/// token, for the engine's own events to arrive: the engine announces a prompt's blocks in the
+/// step that computes them, before the first token leaves it.
+pub const PENDING_TTL: Duration = Duration::from_secs(5);
 
 /// Upper bound on pending blocks per worker (memory guard): past it the oldest bookings go.
 const PENDING_MAX_PER_WORKER: usize = 200_000;
 
-/// The block sequences of requests just routed to one worker, oldest first.
+/// The block sequences of requests routed to one worker, oldest first, each with its expiry
+/// (`None` while the request has not started).
 #[derive(Default)]
 struct Pending {
-    bookings: VecDeque<(Arc<Vec<LocalBlockHash>>, Instant)>,
+    bookings: VecDeque<(Arc<Vec<LocalBlockHash>>, Option<Instant>)>,
     blocks: usize,
+}
+
+fn live(expiry: &Option<Instant>, now: Instant) -> bool {
+    expiry.is_none_or(|at| at > now)
 }
 
 impl Pending {
     /// Drops expired bookings, then the oldest while over the memory guard.
     fn prune(&mut self, now: Instant) {
-        while let Some((hashes, expiry)) = self.bookings.front() {
-            if *expiry > now && self.blocks <= PENDING_MAX_PER_WORKER {
-                break;
+        let mut freed = 0;
+        self.bookings.retain(|(hashes, expiry)| {
+            let keep = live(expiry, now);
+            if !keep {
+                freed += hashes.len();
             }
+            keep
+        });
+        self.blocks -= freed;
+        while self.blocks > PENDING_MAX_PER_WORKER
+            && let Some((hashes, _)) = self.bookings.pop_front()
+        {
             self.blocks -= hashes.len();
-            self.bookings.pop_front();
         }
     }
 
@@ -55,7 +70,7 @@ impl Pending {
     fn overlap(&self, hashes: &[LocalBlockHash], now: Instant) -> u32 {
         self.bookings
             .iter()
-            .filter(|(_, expiry)| *expiry > now)
+            .filter(|(_, expiry)| live(expiry, now))
             .map(|(booked, _)| booked.iter().zip(hashes).take_while(|(a, b)| a == b).count())
             .max()
             .unwrap_or(0) as u32
@@ -99,13 +114,16 @@ impl KvIndex {
     /// engines announced, and that plus the pending blocks of requests just routed. Workers
     /// with none are omitted.
     pub fn lookup(&self, hashes: &[LocalBlockHash]) -> Overlaps {
+        self.lookup_at(hashes, Instant::now())
+    }
+
+    fn lookup_at(&self, hashes: &[LocalBlockHash], now: Instant) -> Overlaps {
         let scores = self.tree.backend().find_matches(hashes, false);
         let mut indexed: HashMap<WorkerId, u32> =
             HashMap::with_capacity_and_hasher(scores.scores.len(), Default::default());
         indexed.extend(scores.scores.iter().filter(|(_, n)| **n > 0).map(|(w, n)| (w.worker_id, *n)));
         let mut with_pending = HashMap::with_capacity_and_hasher(indexed.len() + 4, Default::default());
         with_pending.extend(indexed.iter().map(|(w, n)| (*w, *n)));
-        let now = Instant::now();
         if let Ok(pending) = self.pending.lock() {
             for (worker, booked) in pending.iter() {
                 let n = booked.overlap(hashes, now);
@@ -150,8 +168,20 @@ impl KvIndex {
         if let Ok(mut p) = self.pending.lock() {
             let pending = p.entry(worker).or_default();
             pending.blocks += hashes.len();
-            pending.bookings.push_back((hashes.clone(), now + PENDING_TTL));
+            pending.bookings.push_back((hashes.clone(), None));
             pending.prune(now);
+        }
+    }
+
+    /// The request that booked `hashes` on `worker` got its first token: the booking now
+    /// expires after [`PENDING_TTL`].
+    pub fn started(&self, worker: WorkerId, hashes: &Arc<Vec<LocalBlockHash>>) {
+        if let Ok(mut p) = self.pending.lock()
+            && let Some(pending) = p.get_mut(&worker)
+            && let Some((_, expiry)) =
+                pending.bookings.iter_mut().rev().find(|(booked, at)| at.is_none() && Arc::ptr_eq(booked, hashes))
+        {
+            *expiry = Some(Instant::now() + PENDING_TTL);
         }
     }
 
@@ -242,6 +272,30 @@ mod tests {
         let mut other = tokens.clone();
         other[0] = 99;
         assert_eq!(index.lookup(&index.hashes(&other)), Overlaps::default());
+    }
+
+    #[test]
+    fn a_booking_lasts_while_its_request_queues_and_expires_after_its_first_token() {
+        let index = KvIndex::new(4);
+        let (queued, answered) =
+            (Arc::new(vec![LocalBlockHash(1), LocalBlockHash(2)]), Arc::new(vec![LocalBlockHash(7)]));
+        index.book(1, &queued);
+        index.book(1, &answered);
+        index.started(1, &answered);
+        let now = Instant::now();
+        let pending =
+            |hashes: &[LocalBlockHash], at: Instant| index.lookup_at(hashes, at).with_pending.get(&1).copied();
+        assert_eq!(pending(&answered, now), Some(1));
+        assert_eq!(pending(&answered, now + PENDING_TTL + Duration::from_secs(1)), None);
+        // Queued for an hour, it still counts: its blocks are on their way.
+        assert_eq!(pending(&queued, now + Duration::from_secs(3_600)), Some(2));
+        index.started(1, &queued);
+        assert_eq!(pending(&queued, now + Duration::from_secs(3_600)), None);
+        // Expired bookings are pruned at the next booking and leave the guard's count.
+        let later = Arc::new(vec![LocalBlockHash(9)]);
+        index.book(1, &later);
+        let p = index.pending.lock().expect("lock");
+        assert_eq!(p[&1].bookings.len(), 3, "nothing expired yet at the real clock");
     }
 
     #[test]
