@@ -19,7 +19,6 @@
 //! inputs always give the same decision; a provider is only chosen when no local candidate
 //! survived; a `pii` request is never routed to an external provider.
 
-use std::collections::HashSet;
 use std::fmt;
 
 use serde::Serialize;
@@ -337,18 +336,20 @@ fn gather(
     let mut local: Vec<Candidate> = Vec::new();
     let mut spill: Vec<Candidate> = Vec::new();
     let mut removed = Vec::new();
-    let mut seen_workers: HashSet<(&str, &str)> = HashSet::new();
+    // A worker set reached through two public models is one set of candidates (a handful of
+    // sets: a scan beats hashing every worker's name).
+    let mut seen_sets: Vec<&str> = Vec::new();
     let output_tokens = f64::from(req.max_output_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT_TOKENS));
 
     for public in resolved {
         let Some(pool) = cfg.models.get(public).and_then(|m| cfg.pools.get(&m.pool)) else { continue };
         for ws_name in &pool.worker_sets {
             let Some(ws) = cfg.worker_sets.get(ws_name) else { continue };
+            if seen_sets.contains(&ws.name.as_str()) {
+                continue;
+            }
+            seen_sets.push(ws.name.as_str());
             for worker in &ws.workers {
-                // A worker set reached through two public models is one set of candidates.
-                if !seen_workers.insert((ws.name.as_str(), worker.as_str())) {
-                    continue;
-                }
                 let key = WorkerKey { worker_set: ws.name.clone(), worker: worker.clone() };
                 let state = snapshot.worker(&key);
                 let cached = req.cached_on(&key);

@@ -17,7 +17,7 @@
 //! their own listener ([`admin_router`]), loopback by default. Decision ids are the request's
 //! random 128-bit id, and traces carry counts, never prompt text.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use dynamo_kv_router::protocols::LocalBlockHash;
+use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
 use switchyard_core::predictor::TtftModel;
@@ -216,9 +217,11 @@ impl SpokeBackend {
         let workers: Vec<Arc<WorkerRuntime>> =
             app.registry.workers().into_iter().filter(|w| sets.contains(&w.key.worker_set)).collect();
 
-        let mut per_set: HashMap<String, SetTokens> = HashMap::with_capacity(prompts.len());
+        // Small maps probed once per worker: FxHash, not SipHash, on the request path.
+        let mut per_set: FxHashMap<String, SetTokens> =
+            FxHashMap::with_capacity_and_hasher(prompts.len(), Default::default());
         let mut cached = BTreeMap::new();
-        let mut indexed_cached: HashMap<WorkerKey, u32> = HashMap::new();
+        let mut indexed_cached: FxHashMap<WorkerKey, u32> = FxHashMap::default();
         let mut prompt_tokens: Option<u32> = None;
         for prompt in prompts {
             let Some(set) = app.registry.set(&prompt.set) else { continue };
@@ -251,7 +254,7 @@ impl SpokeBackend {
 
         let features = plan::features(req, prompt_tokens.unwrap_or(0), cached, request_no);
         let cached = &features.cached_tokens;
-        let ttft: HashMap<&str, Option<TtftModel>> = sets
+        let ttft: FxHashMap<&str, Option<TtftModel>> = sets
             .iter()
             .map(|s| (s.as_str(), app.registry.set(s).and_then(|rt| rt.calibration.lock().ok().map(|c| c.model()))))
             .collect();
@@ -592,7 +595,7 @@ pub(crate) struct DecisionTrace {
     /// Cached tokens routing trusted (index, pending blocks and the fidelity guard).
     cached: BTreeMap<WorkerKey, u32>,
     /// Cached tokens the engines' events announced.
-    indexed: HashMap<WorkerKey, u32>,
+    indexed: FxHashMap<WorkerKey, u32>,
 }
 
 impl App {
