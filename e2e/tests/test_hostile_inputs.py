@@ -926,7 +926,12 @@ def run_table(url, tally, target):
 
     def one(case):
         if not hasattr(local, "client"):
-            local.client = httpx.Client(base_url=url, timeout=30)
+            # The spoke closes a connection idle for its header-read timeout (it waits for the
+            # next request's headers); a pooled connection idle that long while this thread ran
+            # an own-connection case can meet the close in flight. A client keeps pooled
+            # connections for less than the server's idle limit, as any well-configured one does.
+            limits = httpx.Limits(keepalive_expiry=HEADER_READ_S / 2)
+            local.client = httpx.Client(base_url=url, timeout=30, limits=limits)
             clients.append(local.client)
         if case.own_connection:
             with httpx.Client(base_url=url, timeout=30) as own:
