@@ -42,6 +42,13 @@ pub struct Args {
     /// Concurrency levels (closed-loop clients).
     #[arg(long, value_delimiter = ',', default_value = "4,8,16,24,32")]
     concurrency: Vec<u32>,
+    /// Seconds over which closed-loop clients start (GuideLLM's ramp-up), at time scale 1.
+    #[arg(long, default_value_t = 0.0)]
+    rampup: f64,
+    /// Seconds from a closed-loop client's last token to its next request reaching the engine
+    /// (what a live client, router and engine front end take in between), at time scale 1.
+    #[arg(long, default_value_t = 0.0)]
+    think: f64,
     /// Poisson arrival rates, requests per second, instead of concurrency levels.
     #[arg(long, value_delimiter = ',')]
     rate: Vec<f64>,
@@ -74,7 +81,10 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
         p.num_gpu_blocks = blocks;
     }
     let arrivals: Vec<Arrival> = if args.rate.is_empty() {
-        args.concurrency.iter().map(|&concurrency| Arrival::Concurrent { concurrency }).collect()
+        args.concurrency
+            .iter()
+            .map(|&concurrency| Arrival::Concurrent { concurrency, rampup_s: args.rampup, think_s: args.think })
+            .collect()
     } else {
         args.rate.iter().map(|&rate_per_s| Arrival::Poisson { rate_per_s }).collect()
     };
@@ -109,7 +119,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                 let result = run(&p, &spec, router.as_mut()).with_context(|| format!("{w} at {arrival:?}"))?;
                 if args.format == Format::Text {
                     let load = match arrival {
-                        Arrival::Concurrent { concurrency } => format!("c={concurrency}"),
+                        Arrival::Concurrent { concurrency, .. } => format!("c={concurrency}"),
                         Arrival::Poisson { rate_per_s } => format!("rate={rate_per_s}/s"),
                     };
                     println!(
@@ -172,7 +182,8 @@ impl SpokeRoute {
             anyhow::bail!("the calibration fleet does not validate: {d}");
         }
         let initial = checked.config.worker_sets.get("sim").map(|ws| ws.ttft).unwrap_or_default();
-        let workers = (0..engines).map(|i| WorkerKey { worker_set: "sim".into(), worker: format!("w{i}") }).collect();
+        let workers =
+            (0..engines).map(|i| WorkerKey { worker_set: "sim".into(), worker: format!("w{i}").into() }).collect();
         Ok(SpokeRoute {
             fleet: checked.config,
             workers,

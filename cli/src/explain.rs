@@ -146,7 +146,7 @@ fn build_snapshot(
     let mut snapshot = FleetSnapshot::default();
     let mut cached = BTreeMap::new();
     for (i, w) in state.workers.iter().enumerate() {
-        let known = cfg.worker_sets.get(&w.worker_set).is_some_and(|ws| ws.workers.contains(&w.worker));
+        let known = cfg.worker_sets.get(&w.worker_set).is_some_and(|ws| ws.workers.iter().any(|n| **n == *w.worker));
         if !known {
             bail!(
                 "{}: workers[{i}]: {}/{} is not a worker of any InferenceWorkerSet in the configuration",
@@ -158,7 +158,7 @@ fn build_snapshot(
         if !(0.0..=100.0).contains(&w.kv_cache_usage_percent) {
             bail!("{}: workers[{i}]: kvCacheUsagePercent must be within 0..=100", path.display());
         }
-        let key = WorkerKey { worker_set: w.worker_set.clone(), worker: w.worker.clone() };
+        let key = WorkerKey { worker_set: w.worker_set.as_str().into(), worker: w.worker.as_str().into() };
         snapshot.workers.insert(
             key.clone(),
             WorkerState {

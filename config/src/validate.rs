@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use switchyard_core::Name;
 use switchyard_core::fleet::{
     Alias, FleetConfig, Match, Objective, OnEmpty, Policy, Pool, Provider, ProviderKind, ProviderMember, ProviderModel,
     PublicModel, Step, TokenPrices, WorkerSet,
@@ -100,9 +101,9 @@ impl<'a> Validator<'a> {
                 continue;
             }
             let spec = &at.object.spec;
-            let mut workers: Vec<String> = Vec::new();
+            let mut workers: Vec<Name> = Vec::new();
             for (i, ep) in spec.endpoints.static_.iter().flatten().enumerate() {
-                if workers.contains(&ep.name) {
+                if workers.iter().any(|w| **w == *ep.name) {
                     self.error(
                         at,
                         code::DUPLICATE_ENTRY,
@@ -111,7 +112,7 @@ impl<'a> Validator<'a> {
                     );
                     continue;
                 }
-                workers.push(ep.name.clone());
+                workers.push(ep.name.as_str().into());
             }
             let gpu_hour = self.money(at, "spec.cost.gpuHourlyUsd", &spec.cost.gpu_hourly_usd);
             let defaults = TtftModel::default();
@@ -125,10 +126,10 @@ impl<'a> Validator<'a> {
             self.cfg.worker_sets.insert(
                 name.clone(),
                 WorkerSet {
-                    name,
-                    served_model: spec.model.clone(),
+                    name: name.into(),
+                    served_model: spec.model.as_str().into(),
                     cluster: spec.cluster.clone(),
-                    region: spec.region.clone(),
+                    region: spec.region.as_deref().map(Name::from),
                     workers,
                     kv_block_size: spec.kv_block_size,
                     hourly_cost: MicroUsd(gpu_hour.0.saturating_mul(u64::from(spec.cost.gpus_per_worker))),
@@ -202,7 +203,7 @@ impl<'a> Validator<'a> {
             if !self.claim(&mut seen, at, "InferencePool", &name) {
                 continue;
             }
-            let mut pool = Pool { name: name.clone(), worker_sets: Vec::new(), providers: Vec::new() };
+            let mut pool = Pool { name: name.as_str().into(), worker_sets: Vec::new(), providers: Vec::new() };
             for (i, member) in at.object.spec.members.iter().enumerate() {
                 let path = format!("spec.members[{i}]");
                 if let Some(ws) = &member.worker_set {
@@ -271,7 +272,9 @@ impl<'a> Validator<'a> {
                     self.dangling(at, &format!("{path}.pool"), "InferencePool", &m.pool);
                     continue;
                 }
-                self.cfg.models.insert(m.name.clone(), PublicModel { name: m.name.clone(), pool: m.pool.clone() });
+                self.cfg
+                    .models
+                    .insert(m.name.clone(), PublicModel { name: m.name.as_str().into(), pool: m.pool.clone() });
             }
         }
         // Aliases after every public model is known, so alias targets may name models declared

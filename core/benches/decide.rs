@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use switchyard_core::Name;
 use switchyard_core::decide;
 use switchyard_core::fleet::{
     Alias, FleetConfig, Match, Objective, OnEmpty, Policy, Pool, Provider, ProviderKind, ProviderMember, ProviderModel,
@@ -22,9 +23,9 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
     for s in 0..4u32 {
         let ws = format!("set-{s}");
         let provider = format!("provider-{s}");
-        let workers: Vec<String> = (0..16).map(|w| format!("worker-{w}")).collect();
+        let workers: Vec<Name> = (0..16).map(|w| format!("worker-{w}").into()).collect();
         for (i, w) in workers.iter().enumerate() {
-            let key = WorkerKey { worker_set: ws.clone(), worker: w.clone() };
+            let key = WorkerKey { worker_set: ws.as_str().into(), worker: w.clone() };
             let i = i as u32;
             snapshot.workers.insert(
                 key.clone(),
@@ -44,8 +45,8 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
         cfg.worker_sets.insert(
             ws.clone(),
             WorkerSet {
-                name: ws.clone(),
-                served_model: format!("engine-{s}"),
+                name: ws.as_str().into(),
+                served_model: format!("engine-{s}").into(),
                 cluster: format!("cluster-{}", s % 2),
                 region: Some("us-east-1".into()),
                 workers,
@@ -74,12 +75,12 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
         cfg.pools.insert(
             pool.clone(),
             Pool {
-                name: pool.clone(),
+                name: pool.as_str().into(),
                 worker_sets: vec![ws],
                 providers: vec![ProviderMember { provider, model: "m".into() }],
             },
         );
-        cfg.models.insert(format!("model-{s}"), PublicModel { name: format!("model-{s}"), pool });
+        cfg.models.insert(format!("model-{s}"), PublicModel { name: format!("model-{s}").into(), pool });
     }
     cfg.aliases.insert(
         "standard-model".into(),

@@ -23,6 +23,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::Name;
 use crate::fleet::{DEFAULT_EXPECTED_OUTPUT_TOKENS, FleetConfig, Objective, OnEmpty, Policy, Step};
 use crate::predictor::{TtftInputs, TtftPrediction};
 use crate::request::{RequestFeatures, WorkerKey};
@@ -49,11 +50,11 @@ pub enum Target {
     #[serde(rename_all = "camelCase")]
     Worker {
         /// Worker set name.
-        worker_set: String,
+        worker_set: Name,
         /// Worker name.
-        worker: String,
+        worker: Name,
         /// Model name to put in the request sent to the engine.
-        served_model: String,
+        served_model: Name,
     },
     /// An external provider model.
     #[serde(rename_all = "camelCase")]
@@ -112,13 +113,13 @@ pub struct Candidate {
     /// Where it would send the request.
     pub target: Target,
     /// Public model through which it was reached.
-    pub public_model: String,
+    pub public_model: Name,
     /// Pool it belongs to.
-    pub pool: String,
+    pub pool: Name,
     /// Whether data leaves the organisation.
     pub external: bool,
     /// Region, if known.
-    pub region: Option<String>,
+    pub region: Option<Name>,
     /// Waiting requests (workers only).
     pub waiting_requests: u32,
     /// Running requests (workers only).
@@ -206,7 +207,7 @@ impl Candidate {
     /// The bytes of [`Candidate::label`], without building the string.
     fn label_bytes(&self) -> impl Iterator<Item = u8> + '_ {
         let (kind, a, b) = match &self.target {
-            Target::Worker { worker_set, worker, .. } => ("worker ", worker_set.as_str(), worker.as_str()),
+            Target::Worker { worker_set, worker, .. } => ("worker ", &**worker_set, &**worker),
             Target::Provider { provider, model, .. } => ("provider ", provider.as_str(), model.as_str()),
         };
         kind.bytes().chain(a.bytes()).chain(std::iter::once(b'/')).chain(b.bytes())
@@ -342,13 +343,15 @@ fn gather(
     let output_tokens = f64::from(req.max_output_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT_TOKENS));
 
     for public in resolved {
-        let Some(pool) = cfg.models.get(public).and_then(|m| cfg.pools.get(&m.pool)) else { continue };
+        let Some((public, pool)) = cfg.models.get(public).and_then(|m| Some((&m.name, cfg.pools.get(&m.pool)?))) else {
+            continue;
+        };
         for ws_name in &pool.worker_sets {
             let Some(ws) = cfg.worker_sets.get(ws_name) else { continue };
-            if seen_sets.contains(&ws.name.as_str()) {
+            if seen_sets.contains(&&*ws.name) {
                 continue;
             }
-            seen_sets.push(ws.name.as_str());
+            seen_sets.push(&ws.name);
             for worker in &ws.workers {
                 let key = WorkerKey { worker_set: ws.name.clone(), worker: worker.clone() };
                 let state = snapshot.worker(&key);
@@ -416,7 +419,7 @@ fn gather(
                 public_model: public.clone(),
                 pool: pool.name.clone(),
                 external: provider.external,
-                region: provider.region.clone(),
+                region: provider.region.as_deref().map(Name::from),
                 waiting_requests: 0,
                 running_requests: 0,
                 kv_cache_usage_percent: 0.0,
@@ -480,7 +483,7 @@ fn apply_step(
         }
         Step::RequireRegions { regions } => {
             let check = |c: &Candidate| match &c.region {
-                Some(r) if regions.contains(r) => Ok(()),
+                Some(r) if regions.iter().any(|allowed| **allowed == **r) => Ok(()),
                 Some(r) => Err(format!("region {r} not in [{}]", regions.join(", "))),
                 None => Err("region unknown".to_owned()),
             };
@@ -518,13 +521,13 @@ fn apply_step(
 
 fn prefer_model(local: &mut Vec<Candidate>, model: &str, unless_cached_sooner: bool) -> (String, Vec<Removal>) {
     let best_preferred =
-        local.iter().filter(|c| c.public_model == model).map(|c| c.predicted_ttft.total_ms).min_by(f64::total_cmp);
+        local.iter().filter(|c| &*c.public_model == model).map(|c| c.predicted_ttft.total_ms).min_by(f64::total_cmp);
     let Some(best_preferred) = best_preferred else {
         return (format!("no candidate serves {model}; all kept"), Vec::new());
     };
     let mut overridden = 0usize;
     let removed = retain(local, |c| {
-        if c.public_model == model {
+        if &*c.public_model == model {
             Ok(())
         } else if unless_cached_sooner && c.cached_tokens > 0 && c.predicted_ttft.total_ms < best_preferred {
             overridden += 1;

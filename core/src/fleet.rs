@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::Name;
 use crate::money::MicroUsd;
 use crate::predictor::TtftModel;
 use crate::request::{Complexity, RequestClass, RequestFeatures};
@@ -37,15 +38,15 @@ pub struct FleetConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerSet {
     /// Resource name.
-    pub name: String,
+    pub name: Name,
     /// The model name the engines serve (`--served-model-name`).
-    pub served_model: String,
+    pub served_model: Name,
     /// Cluster the workers run in.
     pub cluster: String,
     /// Region of that cluster, if declared.
-    pub region: Option<String>,
+    pub region: Option<Name>,
     /// Names of the workers (static endpoints), in declaration order.
-    pub workers: Vec<String>,
+    pub workers: Vec<Name>,
     /// Tokens per KV-cache block on the engines.
     pub kv_block_size: u32,
     /// What one worker costs per hour (all of its GPUs).
@@ -106,7 +107,7 @@ pub struct TokenPrices {
 #[derive(Debug, Clone, Serialize)]
 pub struct Pool {
     /// Resource name.
-    pub name: String,
+    pub name: Name,
     /// Local worker sets, in declaration order.
     pub worker_sets: Vec<String>,
     /// Provider models used when local capacity is exhausted (spillover).
@@ -126,7 +127,7 @@ pub struct ProviderMember {
 #[derive(Debug, Clone, Serialize)]
 pub struct PublicModel {
     /// The public name.
-    pub name: String,
+    pub name: Name,
     /// Pool that serves it.
     pub pool: String,
 }

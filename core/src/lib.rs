@@ -28,3 +28,8 @@ pub use engine::{Decision, Outcome, Target, decide};
 pub use fleet::FleetConfig;
 pub use request::RequestFeatures;
 pub use snapshot::FleetSnapshot;
+
+/// The name of a worker set, worker, served model, pool or public model: shared and immutable.
+/// A decision copies dozens of names into its candidates and its snapshot; cloning a `Name`
+/// bumps a reference count instead of allocating.
+pub type Name = std::sync::Arc<str>;

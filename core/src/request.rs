@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::Name;
+
 /// The tag that marks personal data. Requests carrying it never go to an external provider,
 /// whatever the policies say.
 pub const PII_TAG: &str = "pii";
@@ -38,9 +40,9 @@ pub enum Complexity {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct WorkerKey {
     /// Worker set name.
-    pub worker_set: String,
+    pub worker_set: Name,
     /// Worker name within the set.
-    pub worker: String,
+    pub worker: Name,
 }
 
 /// The features of one request.
@@ -94,13 +96,13 @@ mod cached_tokens_serde {
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use super::WorkerKey;
+    use super::{Name, WorkerKey};
 
     #[derive(Serialize, Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Entry {
-        worker_set: String,
-        worker: String,
+        worker_set: Name,
+        worker: Name,
         tokens: u32,
     }
 

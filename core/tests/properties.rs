@@ -56,14 +56,14 @@ fn build(seed: u64) -> Case {
     let mut cfg = FleetConfig::default();
     for s in 0..1 + g.below(4) {
         let name = format!("ws{s}");
-        let workers = (0..1 + g.below(4)).map(|w| format!("w{w}")).collect();
+        let workers = (0..1 + g.below(4)).map(|w| format!("w{w}").into()).collect();
         cfg.worker_sets.insert(
             name.clone(),
             WorkerSet {
-                name,
-                served_model: format!("engine-model-{}", g.below(3)),
+                name: name.into(),
+                served_model: format!("engine-model-{}", g.below(3)).into(),
                 cluster: format!("c{}", g.below(2)),
-                region: g.chance(80).then(|| g.pick(&REGIONS).to_string()),
+                region: g.chance(80).then(|| (*g.pick(&REGIONS)).into()),
                 workers,
                 kv_block_size: 16,
                 hourly_cost: MicroUsd(g.below(5_000_000)),
@@ -115,9 +115,9 @@ fn build(seed: u64) -> Case {
             worker_sets.push(g.pick(&ws_names).clone());
         }
         let providers = provider_members.iter().filter(|_| g.chance(50)).cloned().collect();
-        cfg.pools.insert(pool_name.clone(), Pool { name: pool_name.clone(), worker_sets, providers });
+        cfg.pools.insert(pool_name.clone(), Pool { name: pool_name.as_str().into(), worker_sets, providers });
         let model = format!("model{m}");
-        cfg.models.insert(model.clone(), PublicModel { name: model.clone(), pool: pool_name });
+        cfg.models.insert(model.clone(), PublicModel { name: model.as_str().into(), pool: pool_name });
         public.push(model);
     }
     let mut alias_targets = g.subset(&public, 60);
@@ -227,7 +227,9 @@ fn surviving_local_workers(case: &Case, policy: Option<&Policy>) -> Vec<WorkerKe
                         p.steps.iter().all(|s| match s {
                             Step::MaxWaitingRequests { max } => st.waiting_requests <= *max,
                             Step::KvCacheUsageBelow { percent } => st.kv_cache_usage_percent < f64::from(*percent),
-                            Step::RequireRegions { regions } => ws.region.as_ref().is_some_and(|r| regions.contains(r)),
+                            Step::RequireRegions { regions } => {
+                                ws.region.as_ref().is_some_and(|r| regions.iter().any(|allowed| **allowed == **r))
+                            }
                             Step::ExcludeExternal | Step::PreferModel { .. } => true,
                         })
                     });

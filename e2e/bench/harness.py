@@ -220,21 +220,25 @@ def data_spec(workload, opts):
             "prompt_tokens": opts.turn_tokens, "output_tokens": opts.output_tokens}
 
 
+# The fleet counters the benchmark samples, in the order `sim_counters` returns them.
+SIM_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "sim:behind_schedule_seconds_total",
+                "vllm:num_preemptions_total", "vllm:time_to_first_token_seconds_sum",
+                "vllm:time_to_first_token_seconds_count", "vllm:request_queue_time_seconds_sum",
+                "vllm:request_queue_time_seconds_count")
+
+
 def sim_counters(workers):
-    """(prefix-cache hit tokens, queried tokens, seconds behind schedule, preemptions), summed
-    over the fleet."""
-    hits = queries = behind = preemptions = 0.0
+    """The SIM_COUNTERS summed over the fleet: prefix-cache hit and queried tokens, seconds
+    behind schedule, preemptions, and the engines' TTFT and queue-time sums and counts. The
+    engines' own TTFT runs from the request reaching the engine loop to its first token, wall
+    time."""
+    totals = dict.fromkeys(SIM_COUNTERS, 0.0)
     for w in workers:
         for line in httpx.get(w["url"] + "/metrics", timeout=5).text.splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("sim:behind_schedule_seconds_total"):
-                behind += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:num_preemptions_total"):
-                preemptions += float(line.rsplit(" ", 1)[1])
-    return hits, queries, behind, preemptions
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in totals:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+    return tuple(totals[n] for n in SIM_COUNTERS)
 
 
 class CounterSampler:
@@ -285,6 +289,16 @@ class CounterSampler:
         """Requests the engines preempted (KV cache exhausted, work recomputed) in the window."""
         d = self._deltas(start, end)
         return round(d[4]) if d else 0
+
+    def engine_means_ms(self, start, end, time_scale):
+        """Mean TTFT and queue time the engines measured for the requests that got their first
+        token (TTFT) or finished (queue time) in the window, at scale 1: beside the client's
+        TTFT, what the path to the engine adds."""
+        d = self._deltas(start, end)
+        if not d:
+            return None, None
+        mean = lambda total, n: total / n * 1000 / time_scale if n > 0 else None
+        return mean(d[5], d[6]), mean(d[7], d[8])
 
 
 class GuideLLM:
@@ -468,6 +482,7 @@ def summarise(raw, workload, time_scale, hit_rate, open_loop=False):
     return {
         "ttft_ms_p50": percentile(ttft, 0.5) or 0.0,
         "ttft_ms_p95": percentile(ttft, 0.95) or 0.0,
+        "ttft_ms_mean": sum(ttft) / len(ttft) if ttft else 0.0,
         "itl_ms_p50": percentile(itl, 0.5) or 0.0,
         "e2e_s_p50": percentile(e2e, 0.5) or 0.0,
         "requests": len(reqs),
@@ -663,6 +678,7 @@ def main():
                         run = summarise(raw, workload, scale, counters.hit_rate(*window), opts.arrival == "poisson")
                         run["fleet_behind_schedule"] = counters.behind_schedule(*window)
                         run["preemptions"] = counters.preemptions(*window)
+                        run["engine_ttft_ms_mean"], run["engine_queue_ms_mean"] = counters.engine_means_ms(*window, scale)
                         key = {"concurrency": point} if opts.arrival == "concurrent" else {"rate": point}
                         runs.append({"router": router, "workload": workload, "arrival": opts.arrival, **key,
                                      "point": label, **run})

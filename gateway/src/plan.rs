@@ -11,7 +11,7 @@ use switchyard_core::engine::{Decision, Target};
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::request::{RequestFeatures, WorkerKey};
 use switchyard_core::snapshot::WorkerState;
-use switchyard_core::{FleetConfig, FleetSnapshot, decide};
+use switchyard_core::{FleetConfig, FleetSnapshot, Name, decide};
 
 use crate::request::InferenceRequest;
 
@@ -88,11 +88,7 @@ pub fn plan(fleet: &FleetConfig, snapshot: &FleetSnapshot, features: &RequestFea
 
 /// Local workers to try, best first: the decision's ranking, at most `max`, only those
 /// `healthy` admits (the retry budget counts only healthy alternatives).
-pub fn ranked_workers(
-    decision: &Decision,
-    max: usize,
-    healthy: impl Fn(&WorkerKey) -> bool,
-) -> Vec<(WorkerKey, String)> {
+pub fn ranked_workers(decision: &Decision, max: usize, healthy: impl Fn(&WorkerKey) -> bool) -> Vec<(WorkerKey, Name)> {
     decision
         .alternatives
         .iter()

@@ -168,6 +168,12 @@ pub enum Arrival {
     Concurrent {
         /// Clients.
         concurrency: u32,
+        /// Seconds over which the clients start, evenly spaced (GuideLLM's
+        /// `rampup_duration`); 0 starts them all at once.
+        rampup_s: f64,
+        /// Seconds from a client's last token to its next request reaching the engine: what a
+        /// live client, router and engine front end take in between (0: at once).
+        think_s: f64,
     },
     /// Open-loop arrivals with exponential gaps (GuideLLM's `poisson` profile), whatever the
     /// fleet's state. Every arrival is one request, so multi-turn (whose turns wait for the
@@ -256,14 +262,20 @@ pub enum RunError {
     #[error("multi-turn needs concurrent arrivals: every turn waits for the previous answer")]
     MultiTurnNeedsClients,
     /// The arrival rate or concurrency cannot drive a run.
-    #[error("arrivals need a positive concurrency or a positive, finite rate")]
+    #[error(
+        "arrivals need a positive concurrency with finite, non-negative ramp-up and think times, or a positive, finite rate"
+    )]
     NoArrivals,
 }
 
 /// Runs one experiment in virtual time with `router` placing every request.
 pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<RunResult, RunError> {
     let clients = match spec.arrival {
-        Arrival::Concurrent { concurrency } if concurrency > 0 => concurrency as usize,
+        Arrival::Concurrent { concurrency, rampup_s, think_s }
+            if concurrency > 0 && [rampup_s, think_s].iter().all(|s| *s >= 0.0 && s.is_finite()) =>
+        {
+            concurrency as usize
+        }
         Arrival::Poisson { rate_per_s } if rate_per_s > 0.0 && rate_per_s.is_finite() => {
             if spec.workload == Workload::MultiTurn {
                 return Err(RunError::MultiTurnNeedsClients);
@@ -381,8 +393,19 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
             )
         };
     }
-    for client in 0..clients {
-        submit!(client, Vec::new());
+    // Closed loop: when each client sends its first request (client 0 at once).
+    // Closed loop: each client's next request, due at a time (in time order: ramp-up starts,
+    // then answers plus a constant think time), with the answer its prompt carries.
+    let (rampup_ms, think_ms) = match spec.arrival {
+        Arrival::Concurrent { rampup_s, think_s, .. } => (rampup_s * 1_000.0, think_s * 1_000.0),
+        Arrival::Poisson { .. } => (0.0, 0.0),
+    };
+    let mut client_next: std::collections::VecDeque<(f64, usize, Vec<u32>)> =
+        (0..clients).map(|c| (rampup_ms * c as f64 / clients as f64, c, Vec::new())).collect();
+    // Clients that start together are all queued before the first step, as a burst is.
+    while client_next.front().is_some_and(|(at, _, _)| *at <= now) {
+        let Some((_, client, answer)) = client_next.pop_front() else { break };
+        submit!(client, answer);
     }
     let total = spec.requests + spec.warmup;
     // Open loop: the next arrival's time and index (the index stands in for the client).
@@ -409,7 +432,15 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
             .enumerate()
             .filter_map(|(i, b)| b.as_ref().map(|(t, _)| (i, *t)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
-        // An arrival before the earliest step end is placed first.
+        // A client's first request or an arrival before the earliest step end is placed first.
+        if let Some(&(at, _, _)) = client_next.front()
+            && step_end.is_none_or(|(_, t)| at <= t)
+        {
+            let Some((_, client, answer)) = client_next.pop_front() else { break };
+            now = at;
+            submit!(client, answer);
+            continue;
+        }
         if let (Some((at, index)), Arrival::Poisson { rate_per_s }) = (next_arrival, spec.arrival)
             && step_end.is_none_or(|(_, t)| at <= t)
         {
@@ -459,7 +490,11 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
                     e2es.push((now - p.arrived) / 1000.0);
                 }
                 if done < total && matches!(spec.arrival, Arrival::Concurrent { .. }) {
-                    submit!(p.client, p.answer);
+                    if think_ms > 0.0 {
+                        client_next.push_back((now + think_ms, p.client, p.answer));
+                    } else {
+                        submit!(p.client, p.answer);
+                    }
                 }
             }
         }

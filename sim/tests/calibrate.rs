@@ -6,7 +6,7 @@ use switchyard_sim::profile;
 
 fn run_with(workload: Workload, mut routing: Routing) -> RunResult {
     let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
-    let arrival = Arrival::Concurrent { concurrency: 8 };
+    let arrival = Arrival::Concurrent { concurrency: 8, rampup_s: 0.0, think_s: 0.0 };
     let spec = RunSpec { engines: 3, workload, arrival, requests: 120, warmup: 24, output_tokens: 300, seed: 1 };
     run(p, &spec, &mut routing).expect("closed-loop run")
 }
@@ -93,5 +93,39 @@ fn open_loop_refuses_what_it_cannot_run() {
     );
     for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         assert_eq!(poisson(Workload::Control, rate, Routing::Random).expect_err("no arrivals"), RunError::NoArrivals);
+    }
+}
+
+fn closed_loop(arrival: Arrival) -> Result<RunResult, RunError> {
+    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
+    let spec = RunSpec {
+        engines: 3,
+        workload: Workload::SharedPrefix,
+        arrival,
+        requests: 120,
+        warmup: 24,
+        output_tokens: 300,
+        seed: 1,
+    };
+    run(p, &spec, &mut Routing::Oracle)
+}
+
+#[test]
+fn a_client_think_time_lowers_the_closed_loop_rate() {
+    // Two clients on three engines never queue: a request takes ~170 ms + 300 tokens of decode,
+    // so a 5 s pause between a client's answer and its next request cuts the rate it offers.
+    let at_once = closed_loop(Arrival::Concurrent { concurrency: 2, rampup_s: 0.0, think_s: 0.0 }).expect("run");
+    let paused = closed_loop(Arrival::Concurrent { concurrency: 2, rampup_s: 0.0, think_s: 5.0 }).expect("run");
+    assert!(paused.requests_per_min < 0.85 * at_once.requests_per_min, "{paused:?} vs {at_once:?}");
+    // Ramped-up clients still complete every request.
+    let ramped = closed_loop(Arrival::Concurrent { concurrency: 8, rampup_s: 40.0, think_s: 0.5 }).expect("run");
+    assert!(ramped.requests_per_min > 0.0 && ramped.ttft_ms_p50 > 0.0, "{ramped:?}");
+}
+
+#[test]
+fn negative_or_infinite_client_timings_are_refused() {
+    for (rampup_s, think_s) in [(-1.0, 0.0), (0.0, -0.5), (f64::INFINITY, 0.0), (0.0, f64::NAN)] {
+        let err = closed_loop(Arrival::Concurrent { concurrency: 4, rampup_s, think_s }).expect_err("refused");
+        assert!(matches!(err, RunError::NoArrivals), "{rampup_s} {think_s}: {err:?}");
     }
 }

@@ -53,7 +53,7 @@ fn bench_decision(c: &mut Criterion) {
     let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke(WORKERS, false));
     let backend = SpokeBackend(spoke.app.clone());
     let set = spoke.app.registry.set("s").expect("worker set");
-    let mut ids: Vec<(String, u64)> =
+    let mut ids: Vec<(switchyard_core::Name, u64)> =
         spoke.app.registry.workers().iter().map(|w| (w.key.worker.clone(), w.id)).collect();
     ids.sort_by_key(|(name, _)| name[1..].parse::<u32>().unwrap_or(0));
     assert_eq!(ids.len(), WORKERS as usize);
@@ -96,7 +96,7 @@ fn bench_decision(c: &mut Criterion) {
     for _ in 0..500 {
         black_box(place());
     }
-    let mut samples: Vec<f64> = (0..5_000)
+    let mut samples: Vec<f64> = (0..20_000)
         .map(|_| {
             let t = Instant::now();
             black_box(place());

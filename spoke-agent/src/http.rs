@@ -30,6 +30,7 @@ use axum::routing::get;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
+use switchyard_core::Name;
 use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::request::WorkerKey;
@@ -167,14 +168,14 @@ impl App {
     ) -> Result<Option<SetPrompt>, GatewayError> {
         let Some(rt) = self.registry.set(set) else { return Ok(None) };
         let Ok(tokenizer) = &rt.tokenizer else { return Ok(None) };
-        let served = topo.fleet.worker_sets.get(set).map(|ws| ws.served_model.as_str()).unwrap_or(req.model.as_str());
+        let served = topo.fleet.worker_sets.get(set).map(|ws| &*ws.served_model).unwrap_or(req.model.as_str());
         // The very body the worker will be sent: what is tokenized is what the engine sees.
         let body = Arc::new(openai::upstream_body(req, served));
         let render_url = self
             .registry
             .workers()
             .into_iter()
-            .find(|w| w.key.worker_set == set && w.load.healthy())
+            .find(|w| &*w.key.worker_set == set && w.load.healthy())
             .map(|w| w.endpoint.http_url.clone());
         let api = if req.is_chat() { Api::Chat } else { Api::Completion };
         match tokenizer
@@ -215,7 +216,7 @@ impl SpokeBackend {
         let app = &self.0;
         let request_no = app.next_request.fetch_add(1, Ordering::Relaxed) + 1;
         let workers: Vec<Arc<WorkerRuntime>> =
-            app.registry.workers().into_iter().filter(|w| sets.contains(&w.key.worker_set)).collect();
+            app.registry.workers().into_iter().filter(|w| sets.iter().any(|s| **s == *w.key.worker_set)).collect();
 
         // Small maps probed once per worker: FxHash, not SipHash, on the request path.
         let mut per_set: FxHashMap<String, SetTokens> =
@@ -230,7 +231,7 @@ impl SpokeBackend {
             let overlaps = set.index.lookup(&hashes);
             let mode = set.guard.lock().map(|g| g.mode()).unwrap_or(Mode::Exact);
             let bs = set.index.block_size();
-            for w in workers.iter().filter(|w| w.key.worker_set == prompt.set) {
+            for w in workers.iter().filter(|w| *w.key.worker_set == *prompt.set) {
                 if let Some(&blocks) = overlaps.with_pending.get(&w.id) {
                     let trusted = mode.trusted_cached(blocks * bs);
                     if trusted > 0 {
@@ -259,9 +260,7 @@ impl SpokeBackend {
             .map(|s| (s.as_str(), app.registry.set(s).and_then(|rt| rt.calibration.lock().ok().map(|c| c.model()))))
             .collect();
         let snapshot = plan::snapshot(
-            workers
-                .iter()
-                .map(|w| (w.key.clone(), worker_view(w, ttft.get(w.key.worker_set.as_str()).copied().flatten()))),
+            workers.iter().map(|w| (w.key.clone(), worker_view(w, ttft.get(&*w.key.worker_set).copied().flatten()))),
         );
         let started = Instant::now();
         let decision = plan::plan(&topo.fleet, &snapshot, &features);
@@ -321,7 +320,7 @@ impl SpokeBackend {
                 continue;
             };
             let (tokens, hashes) = per_set
-                .get(&key.worker_set)
+                .get(&*key.worker_set)
                 .map(|t| (Some(t.tokens as u32), t.hashes.clone()))
                 .unwrap_or((None, Arc::new(Vec::new())));
             // Book the first choice now, before anything else can await: a request with the
@@ -332,8 +331,8 @@ impl SpokeBackend {
                 upstream: OpenAiUpstream {
                     client: app.client.clone(),
                     base_url: worker.endpoint.http_url.clone(),
-                    served_model,
-                    body: per_set.get(&key.worker_set).map(|t| t.body.clone()),
+                    served_model: served_model.to_string(),
+                    body: per_set.get(&*key.worker_set).map(|t| t.body.clone()),
                     bounds: app.limits.bounds,
                 },
                 app: app.clone(),
@@ -513,7 +512,7 @@ impl Observer for LedgerObserver {
 /// Online TTFT calibration of the worker set.
 struct CalibrationObserver {
     app: Arc<App>,
-    worker_set: String,
+    worker_set: Name,
     work_tokens: u64,
     running: u32,
 }
@@ -521,7 +520,7 @@ struct CalibrationObserver {
 impl Observer for CalibrationObserver {
     fn first_token(&mut self, elapsed: Duration) {
         let ttft = elapsed.as_secs_f64();
-        let set = self.worker_set.as_str();
+        let set = &*self.worker_set;
         self.app.metrics.observe(m::TTFT_SECONDS, &[("worker_set", set)], ttft);
         let Some(set_rt) = self.app.registry.set(set) else { return };
         if let Ok(mut c) = set_rt.calibration.lock() {
@@ -545,7 +544,7 @@ impl Observer for CalibrationObserver {
 /// The fidelity guard: predicted against reported prompt and cached tokens.
 struct FidelityObserver {
     app: Arc<App>,
-    worker_set: String,
+    worker_set: Name,
     predicted_prompt: Option<u32>,
     predicted_cached: u32,
 }
@@ -559,7 +558,7 @@ impl Observer for FidelityObserver {
             predicted_cached: self.predicted_cached,
             actual_cached: usage.cached_tokens,
         };
-        let set = self.worker_set.as_str();
+        let set = &*self.worker_set;
         let metrics = &self.app.metrics;
         metrics.inc(m::PREDICTED_CACHED_TOKENS_TOTAL, &[("worker_set", set)], f64::from(self.predicted_cached));
         metrics.inc(m::ACTUAL_CACHED_TOKENS_TOTAL, &[("worker_set", set)], f64::from(usage.cached_tokens));

@@ -151,7 +151,7 @@ impl Registry {
             for (name, ws) in &topo.worker_sets {
                 let Some(set) = sets.get(name).cloned() else { continue };
                 for ep in &ws.workers {
-                    let key = WorkerKey { worker_set: name.clone(), worker: ep.worker.clone() };
+                    let key = WorkerKey { worker_set: name.as_str().into(), worker: ep.worker.as_str().into() };
                     let reuse = st.workers.get(&key).filter(|w| {
                         w.endpoint == *ep && st.sets.get(name).is_some_and(|s| Arc::ptr_eq(&s.index, &set.index))
                     });
@@ -172,7 +172,7 @@ impl Registry {
             for (key, w) in old_workers {
                 let kept = workers.get(&key).is_some_and(|n| Arc::ptr_eq(n, &w));
                 if !kept {
-                    let index = st.sets.get(&key.worker_set).map(|s| s.index.clone());
+                    let index = st.sets.get(&*key.worker_set).map(|s| s.index.clone());
                     stopped.push((w, index));
                 }
             }
