@@ -250,9 +250,20 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<Exit> {
     let tokenizer = tokenizer.canonicalize().unwrap_or(tokenizer);
     let dir = std::env::temp_dir().join(format!("switchyard-up-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    // Claim the front door's ports before the engines start: a taken port fails at once, not
+    // after a minute of engine start-up, and the engines' own ephemeral ports cannot land on
+    // it meanwhile. Released just before the spoke binds them.
+    let claimed = [args.port, args.admin_port]
+        .into_iter()
+        .map(|port| {
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     let result = rt.block_on(async {
         let (workers, block_size) = Workers::start(args, &tokenizer, &dir).await?;
+        drop(claimed);
         let config_dir = dir.join("config");
         let list = workers.list();
         let written = std::fs::create_dir_all(&config_dir).and_then(|()| {

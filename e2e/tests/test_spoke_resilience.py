@@ -198,6 +198,27 @@ def test_switchyard_up_serves_and_stops_cleanly(tmp_path):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
 
 
+def test_switchyard_up_refuses_a_taken_port_before_starting_engines(tmp_path):
+    # The front door's port is claimed before any engine starts: a taken one fails at once with
+    # the address, instead of after a real engine's minute-long start (whose own ephemeral
+    # ports could otherwise land on a port chosen in advance). The engine here could not even
+    # start: its executable does not exist, so only the port can be the error.
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.time()
+        out = subprocess.run([switchyard_bin(), "up", "--engine", "vllm", "--vllm", str(tmp_path / "no-vllm"),
+                              "--vllm-model", str(tmp_path / "no-model"), "--port", str(port)],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert f"cannot listen on 127.0.0.1:{port}" in text, text
+    assert "Starting" not in text and "no-vllm" not in text, text
+    assert time.time() - started < 20, text
+
+
 def test_client_disconnect_cancels_the_engine_request(start_sim, start_spoke):
     sim = start_sim("--time-scale", "20", kv_events=False)
     spoke = start_spoke(spoke_config([sim]))
