@@ -393,7 +393,6 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
             )
         };
     }
-    // Closed loop: when each client sends its first request (client 0 at once).
     // Closed loop: each client's next request, due at a time (in time order: ramp-up starts,
     // then answers plus a constant think time), with the answer its prompt carries.
     let (rampup_ms, think_ms) = match spec.arrival {
@@ -432,7 +431,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
             .enumerate()
             .filter_map(|(i, b)| b.as_ref().map(|(t, _)| (i, *t)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
-        // A client's first request or an arrival before the earliest step end is placed first.
+        // A client's next request, or an arrival, due before the earliest step end is placed first.
         if let Some(&(at, _, _)) = client_next.front()
             && step_end.is_none_or(|(_, t)| at <= t)
         {
@@ -491,7 +490,10 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
                 }
                 if done < total && matches!(spec.arrival, Arrival::Concurrent { .. }) {
                     if think_ms > 0.0 {
-                        client_next.push_back((now + think_ms, p.client, p.answer));
+                        // Kept in time order: a ramp-up start may still be due later.
+                        let due = now + think_ms;
+                        let pos = client_next.partition_point(|(at, _, _)| *at <= due);
+                        client_next.insert(pos, (due, p.client, p.answer));
                     } else {
                         submit!(p.client, p.answer);
                     }
