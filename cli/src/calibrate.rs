@@ -12,7 +12,7 @@ use switchyard_core::request::WorkerKey;
 use switchyard_core::{FleetConfig, Outcome, Target};
 use switchyard_gateway::request::{Dialect, Prompt, TextPrompt};
 use switchyard_gateway::{InferenceRequest, plan};
-use switchyard_sim::calibrate::{Arrival, Route, RouteContext, Routing, RunSpec, Workload, run};
+use switchyard_sim::calibrate::{Arrival, Route, RouteContext, Routing, RunSpec, TimingError, Twin, Workload, run};
 use switchyard_sim::engine::EngineStats;
 use switchyard_sim::profile::{self, Profile};
 use switchyard_spoke::calibration::Calibrator;
@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "control,shared-prefix")]
     workload: Vec<String>,
     /// Routing rules (random, prefix-affinity, round-robin, least-outstanding, oracle,
-    /// switchyard).
+    /// switchyard, twin).
     #[arg(long, value_delimiter = ',', default_value = "random,prefix-affinity")]
     routing: Vec<String>,
     /// Concurrency levels (closed-loop clients).
@@ -68,9 +68,34 @@ pub struct Args {
     /// simulated milliseconds (0: exact at every decision).
     #[arg(long, default_value_t = 0.0)]
     scrape_ms: f64,
+    /// For `twin`: factors on the profile's step timing its replicas step with, as
+    /// `prefill=F,decode=F,base=F,attention=F` (each 1 when left out).
+    #[arg(long, value_parser = parse_timing_error, default_value = "prefill=1")]
+    twin_timing: TimingError,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
+}
+
+/// `prefill=1.1,decode=0.8` → the factors, every other one 1.
+fn parse_timing_error(text: &str) -> Result<TimingError, String> {
+    let mut error = TimingError::default();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = part.split_once('=').ok_or_else(|| format!("`{part}`: expected KEY=FACTOR"))?;
+        let factor: f64 = value.parse().map_err(|_| format!("`{part}`: `{value}` is not a number"))?;
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(format!("`{part}`: the factor must be positive"));
+        }
+        let slot = match key {
+            "prefill" => &mut error.prefill,
+            "decode" => &mut error.decode,
+            "base" => &mut error.base,
+            "attention" => &mut error.attention,
+            other => return Err(format!("`{other}`: expected prefill, decode, base or attention")),
+        };
+        *slot = factor;
+    }
+    Ok(error)
 }
 
 /// Runs every combination and prints the figures (time scale 1).
@@ -104,6 +129,7 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                     "round-robin" => Box::new(Routing::RoundRobin),
                     "least-outstanding" => Box::new(Routing::LeastOutstanding),
                     "oracle" => Box::new(Routing::Oracle),
+                    "twin" => Box::new(Twin::new(&p, args.engines, args.twin_timing)),
                     "switchyard" => Box::new(SpokeRoute::new(&p, args.engines, args.output_tokens, args.scrape_ms)?),
                     other => anyhow::bail!("unknown routing `{other}`"),
                 };
@@ -137,7 +163,8 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                         result.preemptions_per_request
                     );
                 }
-                rows.push(serde_json::json!({"routing": r, "spec": spec, "result": result}));
+                let twin_timing = (r == "twin").then_some(args.twin_timing);
+                rows.push(serde_json::json!({"routing": r, "spec": spec, "twinTiming": twin_timing, "result": result}));
             }
         }
     }
@@ -237,5 +264,19 @@ impl Route for SpokeRoute {
 
     fn first_token(&mut self, _engine: usize, work_tokens: u64, running: u32, ttft_ms: f64) {
         self.calibration.observe(work_tokens, running, ttft_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_errors_parse_with_ones_for_the_factors_left_out() {
+        let e = parse_timing_error("prefill=1.1,decode=0.8").expect("parses");
+        assert_eq!(e, TimingError { prefill: 1.1, decode: 0.8, base: 1.0, attention: 1.0 });
+        for bad in ["prefill", "prefill=x", "prefill=0", "prefill=-1", "speed=2", "decode=inf"] {
+            assert!(parse_timing_error(bad).is_err(), "{bad}");
+        }
     }
 }

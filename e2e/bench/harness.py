@@ -9,6 +9,7 @@ started here is stopped by its PID, also on failure or Ctrl-C.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import queue
@@ -199,13 +200,36 @@ def start_router(name, opts, workers, outdir, time_scale):
         cfg = outdir / "spoke-config"
         cfg.mkdir(exist_ok=True)
         (cfg / "fleet.yaml").write_text(spoke_yaml(opts, workers, time_scale))
-        args = [opts.bin, "spoke", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0"]
+        admin = free_port()
+        metrics_url = f"http://127.0.0.1:{admin}/metrics"
+        args = [opts.bin, "spoke", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--admin-listen",
+                f"127.0.0.1:{admin}"]
         health = "/readyz"
     else:
         raise ValueError(name)
     proc = start(args, outdir / f"router-{name}.log")
     wait_http(f"http://127.0.0.1:{port}{health}")
-    return proc, f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}", metrics_url if name == "switchyard" else None
+
+
+def tokenize_totals(metrics_url):
+    """(seconds, prompts) the spoke has spent tokenizing before its decisions, from its admin
+    `/metrics`; None for a router that does not report it."""
+    if not metrics_url:
+        return None
+    total = [0.0, 0.0]
+    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
+        for i, suffix in enumerate(("_sum", "_count")):
+            if line.startswith("switchyard_spoke_tokenize_seconds" + suffix):
+                total[i] += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def tokenize_ms_mean(before, after):
+    """Mean wall milliseconds of tokenization per prompt between two `tokenize_totals`."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * 1000
 
 
 def data_spec(workload, opts):
@@ -531,6 +555,48 @@ def versions(opts):
     return out
 
 
+def run_plan(opts, settings, routers_for, workloads):
+    """What decides a run's figures: a run may only be resumed under the same plan."""
+    digest = hashlib.sha256()
+    with open(opts.bin, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"settings": {w: settings[w] for w in workloads}, "routers": routers_for, "points": opts.points,
+            "arrival": opts.arrival, "max_outstanding": opts.max_outstanding, "api": opts.api,
+            "slow_worker": opts.slow_worker, "workers": opts.workers, "profile": opts.profile, "seed": opts.seed,
+            "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens",
+                                                                "first_turn_tokens", "turn_tokens", "turns",
+                                                                "output_tokens")},
+            # The binary itself, not the commit: a commit that changes only documents between
+            # the sessions of a long run does not change what is measured.
+            "switchyard_sha256": digest.hexdigest(),
+            "versions": {k: v for k, v in versions(opts).items() if k != "switchyard_commit"}}
+
+
+def resume(out, plan):
+    """The finished cells of the run in `out` and the wall time it took, or exit with the reason
+    it cannot be continued. A cell (one router on one workload, every load point on one fleet)
+    counts only when all its points finished: a half-finished cell runs again from a fresh
+    fleet, as it would have run."""
+    try:
+        before = json.loads((out / "plan.json").read_text())
+        results = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError) as e:
+        sys.exit(f"--resume: no run to continue in {out} ({e})")
+    changed = sorted(k for k in plan if before.get(k) != plan[k])
+    if changed:
+        sys.exit(f"--resume: the run in {out} was made with different {', '.join(changed)}; "
+                 "start a new run in another --out")
+    if "meta" in results:
+        sys.exit(f"--resume: the run in {out} is complete")
+    points = {(r["router"], r["workload"], r["point"]) for r in results["runs"]}
+    labels = [point_label(plan["arrival"], p) for p in plan["points"]]
+    complete = {(r, w) for (r, w, _) in points if all((r, w, label) in points for label in labels)}
+    runs = [r for r in results["runs"] if (r["router"], r["workload"]) in complete]
+    log(f"resuming {out}: {len(complete)} finished cells kept, {len(results['runs']) - len(runs)} points of unfinished cells dropped")
+    return runs, results.get("wall_s", 0)
+
+
 # The workload shapes `switchyard calibrate` knows (sim/src/calibrate.rs): the harness's defaults.
 REFERENCE_PROFILE = "l40s-27b-fp8"
 REFERENCE_SHAPES = {"prefix_count": 24, "prefix_tokens": 16000, "unique_tokens": 256, "first_turn_tokens": 8000,
@@ -581,6 +647,8 @@ def main():
     mode.add_argument("--quick", action="store_true")
     mode.add_argument("--full", action="store_true")
     ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out: keep its finished router × workload cells, run the rest")
     ap.add_argument("--routers", help="comma-separated; default: the mode's routers per workload")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--concurrency", help="comma-separated list (concurrent arrivals)")
@@ -650,13 +718,19 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGINT, stop_all)
     signal.signal(signal.SIGTERM, stop_all)
-    command = "e2e/bench/run " + " ".join(sys.argv[3:])
-    runs = []
+    command = "e2e/bench/run " + " ".join(a for a in sys.argv[3:] if a != "--resume")
+    plan = run_plan(opts, settings, routers_for, workloads)
+    runs, wall_before = resume(out, plan) if opts.resume else ([], 0)
+    (out / "plan.json").write_text(json.dumps({**plan, "wall_s_before": wall_before, "command": command}, indent=2))
+    done = {(r["router"], r["workload"]) for r in runs}
     started = time.time()
     guidellm = GuideLLM(out / "guidellm.log", worker_processes=1 if opts.arrival == "poisson" else 4)
     try:
         for router in routers:
             for workload in [w for w in workloads if router in routers_for[w]]:
+                if (router, workload) in done:
+                    log(f"{router} · {workload}: kept from the run being resumed")
+                    continue
                 rdir = out / "runs" / router / workload
                 rdir.mkdir(parents=True, exist_ok=True)
                 scale = settings[workload]["time_scale"]
@@ -665,24 +739,28 @@ def main():
                 try:
                     if opts.slow_worker is not None:
                         slow_worker(workers, opts.slow_worker)
-                    rproc, url = start_router(router, opts, workers, rdir, scale)
+                    rproc, url, router_metrics = start_router(router, opts, workers, rdir, scale)
                     for point in opts.points:
                         label = point_label(opts.arrival, point)
                         log(f"{router} · {workload} · {label}")
                         stem = f"c{point}" if opts.arrival == "concurrent" else f"rate{point:g}"
+                        tokenized_before = tokenize_totals(router_metrics)
                         with CounterSampler(workers) as counters:
                             raw = run_guidellm(guidellm, url, workload, point, settings[workload], opts,
                                                rdir / f"guidellm-{stem}.json")
+                        tokenized = tokenize_ms_mean(tokenized_before, tokenize_totals(router_metrics))
                         bench = raw["benchmarks"][0]
                         window = (bench["start_time"], bench["end_time"])
                         run = summarise(raw, workload, scale, counters.hit_rate(*window), opts.arrival == "poisson")
                         run["fleet_behind_schedule"] = counters.behind_schedule(*window)
                         run["preemptions"] = counters.preemptions(*window)
                         run["engine_ttft_ms_mean"], run["engine_queue_ms_mean"] = counters.engine_means_ms(*window, scale)
+                        # Wall time, not divided by the time scale: what the router's own code took.
+                        run["router_tokenize_ms_wall_mean"] = tokenized
                         key = {"concurrency": point} if opts.arrival == "concurrent" else {"rate": point}
                         runs.append({"router": router, "workload": workload, "arrival": opts.arrival, **key,
                                      "point": label, **run})
-                        (out / "results.json").write_text(json.dumps({"runs": runs}, indent=2))
+                        (out / "results.json").write_text(json.dumps({"runs": runs, "wall_s": wall_before + round(time.time() - started)}, indent=2))
                 finally:
                     if rproc:
                         stop(rproc)
@@ -698,7 +776,7 @@ def main():
             "slow_worker": None if opts.slow_worker is None else {"worker": 0, "factor": opts.slow_worker},
             "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens", "first_turn_tokens",
                                                     "turn_tokens", "turns", "output_tokens")},
-            "wall_s": round(time.time() - started),
+            "wall_s": wall_before + round(time.time() - started), "resumed": opts.resume,
             "machine": machine(), "versions": versions(opts), "seed": opts.seed, "slo_ms": SLO_MS,
             "workloads": {w: data_spec(w, opts) for w in workloads}}
     log("virtual-time figures (switchyard calibrate)")

@@ -80,6 +80,119 @@ pub trait Route {
     /// was dispatched (the dispatcher's own ledger plus the request's uncached tokens), while
     /// `running` requests were in its batch.
     fn first_token(&mut self, _engine: usize, _work_tokens: u64, _running: u32, _ttft_ms: f64) {}
+
+    /// The request just placed on `engine` (the one [`Route::choose`] returned) is `id` there:
+    /// what a router knows of what it sent (tokens, output limit, time).
+    fn dispatched(&mut self, _engine: usize, _id: RequestId, _prompt: &[u32], _max_tokens: u32, _now_ms: f64) {}
+
+    /// `id`'s first token reached the client at `now_ms` (a router relaying the stream sees it).
+    fn started(&mut self, _engine: usize, _id: RequestId, _now_ms: f64) {}
+
+    /// `id`'s last token reached the client at `now_ms`.
+    fn finished(&mut self, _engine: usize, _id: RequestId, _now_ms: f64) {}
+}
+
+/// Factors on the profile's step timing that a [`Twin`] steps with: 1 everywhere is a replica
+/// with the true timing model, which in this deterministic simulator decides as the oracle does.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimingError {
+    /// On the cost per prompt token.
+    pub prefill: f64,
+    /// On the cost per decoding sequence.
+    pub decode: f64,
+    /// On the fixed cost of a step.
+    pub base: f64,
+    /// On the cost per 1,000 context tokens attended to.
+    pub attention: f64,
+}
+
+impl Default for TimingError {
+    fn default() -> Self {
+        TimingError { prefill: 1.0, decode: 1.0, base: 1.0, attention: 1.0 }
+    }
+}
+
+/// A router that keeps a replica of every engine built only from what a router can know — the
+/// requests it sent (their tokens and output limits), when each one's first and last tokens
+/// came back — stepped in time with its own, possibly wrong, timing model, and that places a
+/// request where the replica, cloned and stepped, gives it the earliest first token. Where the
+/// replica lags (its timing too slow), a first token seen marks the prompt computed and a last
+/// token seen drops the request; where it runs ahead it is not corrected. What it measures is
+/// how exact a router's model of the engines must be for the oracle's decisions.
+pub struct Twin {
+    replicas: Vec<Engine>,
+    /// Per replica, when its next step starts (virtual ms).
+    next_step_ms: Vec<f64>,
+    /// Per engine, the engine's request id → the replica's.
+    ids: Vec<HashMap<RequestId, RequestId>>,
+}
+
+impl Twin {
+    /// Replicas of `engines` engines of `profile`, stepping with `error` on its timing.
+    pub fn new(profile: &Profile, engines: u32, error: TimingError) -> Twin {
+        let mut p = profile.clone();
+        p.timing.prefill_ms_per_token *= error.prefill;
+        p.timing.decode_ms_per_seq *= error.decode;
+        p.timing.base_ms *= error.base;
+        p.timing.attention_ms_per_ktoken *= error.attention;
+        let vocab: Arc<Vec<u32>> = Arc::new((1000..1400).collect());
+        Twin {
+            replicas: (0..engines).map(|i| Engine::new(p.clone(), mix(u64::from(i) + 99), 7, vocab.clone())).collect(),
+            next_step_ms: vec![0.0; engines as usize],
+            ids: (0..engines).map(|_| HashMap::new()).collect(),
+        }
+    }
+
+    /// Steps replica `i` through every step that starts by `now_ms`.
+    fn advance(&mut self, i: usize, now_ms: f64) {
+        let replica = &mut self.replicas[i];
+        while self.next_step_ms[i] <= now_ms
+            && let Some(out) = replica.step()
+        {
+            self.next_step_ms[i] += out.duration_ms;
+        }
+        if !replica.has_work() {
+            self.next_step_ms[i] = self.next_step_ms[i].max(now_ms);
+        }
+    }
+}
+
+impl Route for Twin {
+    fn choose(&mut self, ctx: &RouteContext<'_>) -> usize {
+        let mut best = (0, f64::INFINITY);
+        for i in 0..self.replicas.len() {
+            self.advance(i, ctx.now_ms);
+            let rest_of_step = (self.next_step_ms[i] - ctx.now_ms).max(0.0);
+            let ttft = rest_of_step + self.replicas[i].predict_ttft_ms(ctx.prompt);
+            if ttft < best.1 {
+                best = (i, ttft);
+            }
+        }
+        best.0
+    }
+
+    fn dispatched(&mut self, engine: usize, id: RequestId, prompt: &[u32], max_tokens: u32, now_ms: f64) {
+        self.advance(engine, now_ms);
+        let replica_id = self.replicas[engine].add_request(prompt.to_vec(), max_tokens);
+        self.ids[engine].insert(id, replica_id);
+    }
+
+    fn started(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        self.advance(engine, now_ms);
+        if let Some(&replica_id) = self.ids[engine].get(&id) {
+            self.replicas[engine].mark_prefilled(replica_id);
+        }
+    }
+
+    fn finished(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        self.advance(engine, now_ms);
+        if let Some(replica_id) = self.ids[engine].remove(&id)
+            && self.replicas[engine].contains(replica_id)
+        {
+            self.replicas[engine].abort(replica_id);
+        }
+    }
 }
 
 /// A request dispatched to an engine that has not produced its first token: what a router
@@ -206,7 +319,7 @@ pub struct RunSpec {
 }
 
 /// Figures of one run, at time scale 1.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunResult {
     /// Median TTFT, ms.
     pub ttft_ms_p50: f64,
@@ -369,6 +482,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
         let running = engines[e].stats().running;
         let prompt = Arc::new(prompt);
         let id = engines[e].add_request(prompt.to_vec(), spec.output_tokens);
+        router.dispatched(e, id, &prompt, spec.output_tokens, now);
         let uncached_tokens = u64::from(uncached);
         unstarted[e].push(Dispatched { id, prompt, uncached_tokens, work_tokens: queued + uncached_tokens, running });
         pending.insert(
@@ -467,6 +581,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
                     let d = unstarted[i].swap_remove(pos);
                     router.first_token(i, d.work_tokens, d.running, now - p.arrived);
                 }
+                router.started(i, tok.request, now);
             } else {
                 p.itls.push(now - p.last);
             }
@@ -477,6 +592,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
             if tok.finished
                 && let Some(p) = pending.remove(&key)
             {
+                router.finished(i, tok.request, now);
                 done += 1;
                 let measured = match spec.arrival {
                     Arrival::Concurrent { .. } => done > spec.warmup,

@@ -1,7 +1,9 @@
 //! Virtual-time runs: the routing rules rank as they must on the reference profile, and goodput
 //! counts only requests within the SLO.
 
-use switchyard_sim::calibrate::{Arrival, Routing, RunError, RunResult, RunSpec, Workload, run};
+use switchyard_sim::calibrate::{
+    Arrival, Route, Routing, RunError, RunResult, RunSpec, TimingError, Twin, Workload, run,
+};
 use switchyard_sim::profile;
 
 fn run_with(workload: Workload, mut routing: Routing) -> RunResult {
@@ -128,4 +130,34 @@ fn negative_or_infinite_client_timings_are_refused() {
         let err = closed_loop(Arrival::Concurrent { concurrency: 4, rampup_s, think_s }).expect_err("refused");
         assert!(matches!(err, RunError::NoArrivals), "{rampup_s} {think_s}: {err:?}");
     }
+}
+
+fn control_with_turnaround(router: &mut dyn Route) -> RunResult {
+    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
+    let arrival = Arrival::Concurrent { concurrency: 24, rampup_s: 2.0, think_s: 0.5 };
+    let spec = RunSpec {
+        engines: 3,
+        workload: Workload::Control,
+        arrival,
+        requests: 80,
+        warmup: 16,
+        output_tokens: 100,
+        seed: 1,
+    };
+    run(p, &spec, router).expect("closed-loop run")
+}
+
+#[test]
+fn a_replica_with_the_true_timing_decides_as_the_oracle_and_a_wrong_one_does_not() {
+    // The twin sees only what a router knows (what it sent, first and last tokens); with the
+    // engines' own timing it replicates them exactly here, so every decision is the oracle's.
+    let oracle = control_with_turnaround(&mut Routing::Oracle);
+    let p = profile::by_name("l40s-27b-fp8").expect("reference profile");
+    let exact = control_with_turnaround(&mut Twin::new(p, 3, TimingError::default()));
+    assert_eq!(exact, oracle);
+    // Prefill nearly free and decoding slow: the replicas drift (corrected only where they lag) and decide otherwise.
+    let wrong = TimingError { prefill: 0.1, decode: 5.0, ..TimingError::default() };
+    let drifted = control_with_turnaround(&mut Twin::new(p, 3, wrong));
+    assert_ne!(drifted, oracle);
+    assert!(drifted.requests_per_min > 0.0, "{drifted:?}");
 }

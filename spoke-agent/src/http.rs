@@ -178,11 +178,17 @@ impl App {
             .find(|w| &*w.key.worker_set == set && w.load.healthy())
             .map(|w| w.endpoint.http_url.clone());
         let api = if req.is_chat() { Api::Chat } else { Api::Completion };
+        let started = Instant::now();
         match tokenizer
             .tokens(api, body.clone(), &self.client, render_url.as_deref(), &self.cpu, self.limits.render_timeout)
             .await
         {
-            Ok(tokens) => Ok(Some(SetPrompt { set: set.to_owned(), digest: token_digest(&tokens), tokens, body })),
+            Ok(tokens) => {
+                // Time on the request path before the decision: a router's own turnaround,
+                // which the engines' queues feel as a client's would (e2e/bench/README.md).
+                self.metrics.observe(m::TOKENIZE_SECONDS, &[("worker_set", set)], started.elapsed().as_secs_f64());
+                Ok(Some(SetPrompt { set: set.to_owned(), digest: token_digest(&tokens), tokens, body }))
+            }
             Err(TokenizeError::BadRequest(msg)) => Err(GatewayError::invalid(msg)),
             Err(TokenizeError::Unavailable(msg)) => {
                 tracing::warn!(worker_set = %set, error = %msg, "tokenization unavailable; routing this set by load");

@@ -14,6 +14,8 @@ pub const REQUESTS_TOTAL: &str = "switchyard_spoke_requests_total";
 pub const DECISIONS_TOTAL: &str = "switchyard_spoke_decisions_total";
 /// Decision latency, seconds.
 pub const DECISION_SECONDS: &str = "switchyard_spoke_decision_seconds";
+/// Tokenization of a request's prompt before its routing decision, seconds, per worker set.
+pub const TOKENIZE_SECONDS: &str = "switchyard_spoke_tokenize_seconds";
 /// Observed time to first token through the spoke, seconds.
 pub const TTFT_SECONDS: &str = "switchyard_spoke_ttft_seconds";
 /// Absolute difference between the calibrated model's TTFT prediction and the observed TTFT.
@@ -90,6 +92,12 @@ pub const CATALOGUE: &[Spec] = {
         spec(REQUESTS_TOTAL, "Requests received at the front door, by route and status class", Counter, Recorded),
         spec(DECISIONS_TOTAL, "Routing decisions, by worker set and worker", Counter, Recorded),
         spec(DECISION_SECONDS, "Routing decision latency in seconds", Histogram, Recorded),
+        spec(
+            TOKENIZE_SECONDS,
+            "Tokenization of a prompt before its routing decision in seconds, per worker set",
+            Histogram,
+            Recorded,
+        ),
         spec(TTFT_SECONDS, "Observed time to first token through the spoke in seconds", Histogram, Recorded),
         spec(
             TTFT_PREDICTION_ERROR_SECONDS,

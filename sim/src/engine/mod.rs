@@ -270,6 +270,28 @@ impl Engine {
         }
     }
 
+    /// What a replica of this engine does when its router sees `id`'s first token: the prompt
+    /// counts as computed from now on (if `id` is running and its blocks can grow), so a
+    /// replica whose timing model runs slow catches up with the engine it mirrors.
+    pub fn mark_prefilled(&mut self, id: RequestId) {
+        let Some(r) = self.reqs.get(&id) else { return };
+        let target = r.prompt_len;
+        if r.num_computed >= target || !self.running.contains(&id) {
+            return;
+        }
+        let mut events = Vec::new();
+        if self.grow(id, target, &mut events)
+            && let Some(r) = self.reqs.get_mut(&id)
+        {
+            r.num_computed = target;
+        }
+    }
+
+    /// Whether `id` is queued or running (a finished or aborted request is forgotten).
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.reqs.contains_key(&id)
+    }
+
     /// Monotonic counters.
     pub fn counters(&self) -> EngineCounters {
         self.counters
