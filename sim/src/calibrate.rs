@@ -92,6 +92,11 @@ pub trait Route {
     fn finished(&mut self, _engine: usize, _id: RequestId, _now_ms: f64) {}
 }
 
+/// The token ids a virtual-time engine (or its replica) draws outputs from.
+fn output_vocab() -> Arc<Vec<u32>> {
+    Arc::new((1000..1400).collect())
+}
+
 /// Factors on the profile's step timing that a [`Twin`] steps with: 1 everywhere is a replica
 /// with the true timing model, which in this deterministic simulator decides as the oracle does.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -136,7 +141,7 @@ impl Twin {
         p.timing.decode_ms_per_seq *= error.decode;
         p.timing.base_ms *= error.base;
         p.timing.attention_ms_per_ktoken *= error.attention;
-        let vocab: Arc<Vec<u32>> = Arc::new((1000..1400).collect());
+        let vocab = output_vocab();
         Twin {
             replicas: (0..engines).map(|i| Engine::new(p.clone(), mix(u64::from(i) + 99), 7, vocab.clone())).collect(),
             next_step_ms: vec![0.0; engines as usize],
@@ -397,7 +402,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
         }
         _ => return Err(RunError::NoArrivals),
     };
-    let vocab: Arc<Vec<u32>> = Arc::new((1000..1400).collect());
+    let vocab = output_vocab();
     let mut engines: Vec<Engine> = (0..spec.engines)
         .map(|i| Engine::new(profile.clone(), mix(u64::from(i) + 17), spec.seed, vocab.clone()))
         .collect();
