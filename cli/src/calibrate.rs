@@ -5,15 +5,18 @@
 //! dispatch) and its in-flight ledger, planned through the same `switchyard_gateway::plan`
 //! functions the spoke uses. Time is virtual, so a comparison carries no noise.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use anyhow::Context;
+use switchyard_core::replica::{Ended, EngineModel, Sent, median};
 use switchyard_core::request::WorkerKey;
 use switchyard_core::{FleetConfig, Outcome, Target};
+use switchyard_crds::TtftPredictor;
 use switchyard_gateway::request::{Dialect, Prompt, TextPrompt};
 use switchyard_gateway::{InferenceRequest, plan};
 use switchyard_sim::calibrate::{Arrival, Route, RouteContext, Routing, RunSpec, TimingError, Twin, Workload, run};
-use switchyard_sim::engine::EngineStats;
+use switchyard_sim::engine::{EngineStats, RequestId};
 use switchyard_sim::profile::{self, Profile};
 use switchyard_spoke::calibration::Calibrator;
 
@@ -68,6 +71,9 @@ pub struct Args {
     /// simulated milliseconds (0: exact at every decision).
     #[arg(long, default_value_t = 0.0)]
     scrape_ms: f64,
+    /// For `switchyard`: the worker set's `ttftPredictor` (Queue or EngineReplica).
+    #[arg(long, value_parser = parse_predictor, default_value = "Queue")]
+    ttft_predictor: TtftPredictor,
     /// For `twin`: factors on the profile's step timing its replicas step with, as
     /// `prefill=F,decode=F,base=F,attention=F` (each 1 when left out).
     #[arg(long, value_parser = parse_timing_error, default_value = "prefill=1")]
@@ -75,6 +81,12 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
+}
+
+/// `Queue` or `EngineReplica`, as in the worker set's spec.
+fn parse_predictor(text: &str) -> Result<TtftPredictor, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("`{text}` is not a TTFT predictor (Queue, EngineReplica)"))
 }
 
 /// `prefill=1.1,decode=0.8` → the factors, every other one 1.
@@ -130,7 +142,13 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                     "least-outstanding" => Box::new(Routing::LeastOutstanding),
                     "oracle" => Box::new(Routing::Oracle),
                     "twin" => Box::new(Twin::new(&p, args.engines, args.twin_timing)),
-                    "switchyard" => Box::new(SpokeRoute::new(&p, args.engines, args.output_tokens, args.scrape_ms)?),
+                    "switchyard" => Box::new(SpokeRoute::new(
+                        &p,
+                        args.engines,
+                        args.output_tokens,
+                        args.scrape_ms,
+                        args.ttft_predictor,
+                    )?),
                     other => anyhow::bail!("unknown routing `{other}`"),
                 };
                 let spec = RunSpec {
@@ -185,12 +203,25 @@ struct SpokeRoute {
     scrape_ms: f64,
     /// Engine metrics as last scraped, and when.
     scraped: Option<(f64, Vec<EngineStats>)>,
+    /// Per engine, the spoke's replica of it (when the fleet configures its capacity).
+    models: Vec<EngineModel>,
+    /// What the last decision knew of the request it placed, for its dispatch: per engine the
+    /// cached tokens, and the prompt's block keys.
+    placing: (Vec<u32>, Arc<[u64]>),
+    /// Per streaming request, when its last token came and the gaps between its tokens.
+    streams: HashMap<(usize, RequestId), (f64, Vec<f64>)>,
 }
 
 impl SpokeRoute {
     /// A fleet of `engines` workers in one worker set, configured as the benchmark configures
     /// the spoke: the profile's block size and prefill rate, nothing tuned per workload.
-    fn new(profile: &Profile, engines: u32, output_tokens: u32, scrape_ms: f64) -> anyhow::Result<SpokeRoute> {
+    fn new(
+        profile: &Profile,
+        engines: u32,
+        output_tokens: u32,
+        scrape_ms: f64,
+        predictor: TtftPredictor,
+    ) -> anyhow::Result<SpokeRoute> {
         let endpoints: Vec<String> =
             (0..engines).map(|i| format!("{{name: w{i}, host: 127.0.0.1, httpPort: {}}}", 8000 + i)).collect();
         let rate = (1000.0 / profile.timing.prefill_ms_per_token).round();
@@ -200,7 +231,13 @@ impl SpokeRoute {
             model: "sim-model",
             endpoints: &endpoints,
             block_size: profile.block_size,
-            worker_set_spec: &format!("  capacity: {{prefillTokensPerSecond: {rate}}}\n"),
+            worker_set_spec: &format!(
+                "  capacity: {{prefillTokensPerSecond: {rate}, maxNumSeqs: {}, maxNumBatchedTokens: {}, kvCacheTokens: {}}}\n  ttftPredictor: {}\n",
+                profile.max_num_seqs,
+                profile.max_num_batched_tokens,
+                u64::from(profile.num_gpu_blocks) * u64::from(profile.block_size),
+                serde_json::to_value(predictor).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+            ),
             backend_spec: "",
         }
         .yaml();
@@ -208,7 +245,9 @@ impl SpokeRoute {
         if let Some(d) = checked.diagnostics.iter().find(|d| d.is_error()) {
             anyhow::bail!("the calibration fleet does not validate: {d}");
         }
-        let initial = checked.config.worker_sets.get("sim").map(|ws| ws.ttft).unwrap_or_default();
+        let set = checked.config.worker_sets.get("sim");
+        let initial = set.map(|ws| ws.ttft).unwrap_or_default();
+        let models = (0..engines).filter_map(|_| set.and_then(|ws| ws.engine_model(None))).collect();
         let workers =
             (0..engines).map(|i| WorkerKey { worker_set: "sim".into(), worker: format!("w{i}").into() }).collect();
         Ok(SpokeRoute {
@@ -222,6 +261,9 @@ impl SpokeRoute {
             requests: 0,
             scrape_ms,
             scraped: None,
+            models,
+            placing: (vec![0; engines as usize], Arc::from(Vec::new())),
+            streams: HashMap::new(),
         })
     }
 }
@@ -246,14 +288,19 @@ impl Route for SpokeRoute {
                 unstarted_requests: unstarted,
                 unstarted_prefill_tokens: unstarted_tokens,
                 ttft: Some(self.calibration.model()),
+                outlook: self.models.get(i).map(|m| m.outlook(ctx.now_ms)),
             });
             let tokens = ctx.cached_or_booked_tokens(i);
+            self.placing.0[i] = tokens;
             if tokens > 0 {
                 cached.insert(key.clone(), tokens);
             }
         }
         let snapshot = plan::snapshot(self.workers.iter().cloned().zip(views));
-        let features = plan::features(&self.request, ctx.prompt.len() as u32, cached, self.requests);
+        let mut features = plan::features(&self.request, ctx.prompt.len() as u32, cached, self.requests);
+        let bs = ctx.engines.first().map_or(16, |e| e.profile().block_size);
+        features.block_keys = block_keys(ctx.prompt, bs);
+        self.placing.1 = features.block_keys.clone();
         match plan::plan(&self.fleet, &snapshot, &features).outcome {
             Outcome::Route { target: Target::Worker { worker, .. } } => {
                 self.workers.iter().position(|k| k.worker == worker).unwrap_or(0)
@@ -265,6 +312,52 @@ impl Route for SpokeRoute {
     fn first_token(&mut self, _engine: usize, work_tokens: u64, running: u32, ttft_ms: f64) {
         self.calibration.observe(work_tokens, running, ttft_ms);
     }
+
+    fn dispatched(&mut self, engine: usize, id: RequestId, prompt: &[u32], max_tokens: u32, now_ms: f64) {
+        let Some(model) = self.models.get_mut(engine) else { return };
+        let cached_tokens = self.placing.0.get(engine).copied().unwrap_or(0);
+        let bs = model.replica().shape().block_size;
+        let prefix = (cached_tokens / bs).checked_sub(1).and_then(|i| self.placing.1.get(i as usize)).copied();
+        let sent =
+            Sent { id, prompt_tokens: prompt.len() as u32, cached_tokens, prefix: prefix.unwrap_or(0), max_tokens };
+        model.dispatch(sent, now_ms);
+    }
+
+    fn started(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        if let Some(model) = self.models.get_mut(engine) {
+            model.started(id, now_ms);
+            self.streams.insert((engine, id), (now_ms, Vec::new()));
+        }
+    }
+
+    fn progress(&mut self, engine: usize, id: RequestId, generated: u32, now_ms: f64) {
+        if let Some(model) = self.models.get_mut(engine) {
+            model.progress(id, generated, now_ms);
+            if let Some((last, gaps)) = self.streams.get_mut(&(engine, id)) {
+                gaps.push(now_ms - *last);
+                *last = now_ms;
+            }
+        }
+    }
+
+    fn finished(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        if let Some(model) = self.models.get_mut(engine) {
+            let gaps = self.streams.remove(&(engine, id)).map(|(_, g)| g).unwrap_or_default();
+            model.finished(id, &Ended { output_tokens: None, median_gap_ms: median(gaps) }, now_ms);
+        }
+    }
+}
+
+/// Block keys of `prompt` as a router's index would hash it: a chain over each full block.
+fn block_keys(prompt: &[u32], block_size: u32) -> Arc<[u64]> {
+    let mut h = 0u64;
+    prompt
+        .chunks_exact(block_size.max(1) as usize)
+        .map(|block| {
+            h = block.iter().fold(h, |h, &t| switchyard_sim::engine::mix(h ^ u64::from(t)));
+            h
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -168,6 +168,7 @@ fn build_snapshot(
                 waiting_prefill_tokens: w.waiting_prefill_tokens,
                 kv_cache_usage_percent: w.kv_cache_usage_percent,
                 ttft: None,
+                outlook: None,
             },
         );
         if w.cached_prefix_tokens > 0 {
@@ -202,6 +203,7 @@ fn build_request(r: RequestFile, cached_tokens: BTreeMap<WorkerKey, u32>) -> (Re
         max_output_tokens: r.max_tokens,
         cached_tokens,
         tie_breaker,
+        block_keys: Default::default(),
     };
     (features, estimated)
 }

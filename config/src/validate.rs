@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_core::Name;
 use switchyard_core::fleet::{
-    Alias, FleetConfig, Match, Objective, OnEmpty, Policy, Pool, Provider, ProviderKind, ProviderMember, ProviderModel,
-    PublicModel, Step, TokenPrices, WorkerSet,
+    Alias, EngineLimits, FleetConfig, Match, Objective, OnEmpty, Policy, Pool, Provider, ProviderKind, ProviderMember,
+    ProviderModel, PublicModel, Step, TokenPrices, WorkerSet,
 };
 use switchyard_core::money::MicroUsd;
 use switchyard_core::predictor::TtftModel;
@@ -135,6 +135,12 @@ impl<'a> Validator<'a> {
                     hourly_cost: MicroUsd(gpu_hour.0.saturating_mul(u64::from(spec.cost.gpus_per_worker))),
                     decode_tokens_per_sec: spec.capacity.decode_tokens_per_second.map_or(2_000.0, f64::from),
                     ttft,
+                    engine: EngineLimits {
+                        max_num_seqs: spec.capacity.max_num_seqs,
+                        max_num_batched_tokens: spec.capacity.max_num_batched_tokens,
+                        kv_cache_tokens: spec.capacity.kv_cache_tokens,
+                    },
+                    replicate_engines: spec.ttft_predictor == crds::TtftPredictor::EngineReplica,
                 },
             );
         }

@@ -36,6 +36,7 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
                     waiting_prefill_tokens: None,
                     kv_cache_usage_percent: f64::from((i * 17 + s * 3) % 100),
                     ttft: None,
+                    outlook: None,
                 },
             );
             if i.is_multiple_of(3) {
@@ -54,6 +55,8 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
                 hourly_cost: MicroUsd(1_850_000),
                 decode_tokens_per_sec: 1500.0,
                 ttft: TtftModel::default(),
+                engine: Default::default(),
+                replicate_engines: false,
             },
         );
         let models =

@@ -369,13 +369,18 @@ fn gather(
                     removed.push(Removal { candidate: target.to_string(), reason: "unhealthy".to_owned() });
                     continue;
                 }
-                let predicted = state.ttft.as_ref().unwrap_or(&ws.ttft).predict(&TtftInputs {
-                    prompt_tokens: req.prompt_tokens,
-                    cached_tokens: cached,
-                    waiting_requests: state.waiting_requests,
-                    waiting_prefill_tokens: state.waiting_prefill_tokens,
-                    running_requests: state.running_requests,
-                });
+                let predicted = match &state.outlook {
+                    Some(outlook) => {
+                        outlook.predict(req.prompt_tokens, cached, req.prefix_key(cached, ws.kv_block_size))
+                    }
+                    None => state.ttft.as_ref().unwrap_or(&ws.ttft).predict(&TtftInputs {
+                        prompt_tokens: req.prompt_tokens,
+                        cached_tokens: cached,
+                        waiting_requests: state.waiting_requests,
+                        waiting_prefill_tokens: state.waiting_prefill_tokens,
+                        running_requests: state.running_requests,
+                    }),
+                };
                 let decode_rate = if ws.decode_tokens_per_sec > 0.0 { ws.decode_tokens_per_sec } else { 1_000.0 };
                 let busy_s = predicted.prefill_ms / 1_000.0 + output_tokens / decode_rate;
                 let pressure = (state.kv_cache_usage_percent / 100.0).clamp(0.0, 1.0);

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::Name;
 use crate::money::MicroUsd;
 use crate::predictor::TtftModel;
+use crate::replica::{EngineModel, EngineShape, StepCost};
 use crate::request::{Complexity, RequestClass, RequestFeatures};
 
 /// Default output length assumed for cost estimates when a request does not say.
@@ -55,6 +56,55 @@ pub struct WorkerSet {
     pub decode_tokens_per_sec: f64,
     /// Time-to-first-token model for these workers.
     pub ttft: TtftModel,
+    /// The engines' scheduler limits, as far as configured.
+    pub engine: EngineLimits,
+    /// Whether the router keeps a replica of each engine to predict TTFT with.
+    pub replicate_engines: bool,
+}
+
+/// What the configuration says of the engines' scheduler (vLLM's engine arguments and the
+/// KV capacity it reports at start-up).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineLimits {
+    /// `--max-num-seqs`.
+    pub max_num_seqs: Option<u32>,
+    /// `--max-num-batched-tokens`.
+    pub max_num_batched_tokens: Option<u32>,
+    /// KV-cache capacity of one worker, tokens.
+    pub kv_cache_tokens: Option<u64>,
+}
+
+/// vLLM's `--max-num-seqs` default for the OpenAI server.
+pub const VLLM_DEFAULT_MAX_NUM_SEQS: u32 = 256;
+/// vLLM's `--max-num-batched-tokens` default for the OpenAI server with chunked prefill.
+pub const VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS: u32 = 2048;
+
+impl WorkerSet {
+    /// The scheduler shape a replica of these engines steps with, once the KV capacity is known
+    /// (configured, or `scraped_blocks` from the engine's `vllm:cache_config_info`).
+    pub fn engine_shape(&self, scraped_blocks: Option<u32>) -> Option<EngineShape> {
+        let bs = self.kv_block_size.max(1);
+        let configured = self.engine.kv_cache_tokens.map(|t| u32::try_from(t / u64::from(bs)).unwrap_or(u32::MAX));
+        let num_blocks = scraped_blocks.or(configured).filter(|b| *b > 0)?;
+        Some(EngineShape {
+            block_size: bs,
+            num_blocks,
+            max_num_seqs: self.engine.max_num_seqs.unwrap_or(VLLM_DEFAULT_MAX_NUM_SEQS),
+            max_num_batched_tokens: self.engine.max_num_batched_tokens.unwrap_or(VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        })
+    }
+
+    /// A router's model of one idle engine of this set ([`WorkerSet::engine_shape`]), its step
+    /// cost first assumed from the configured prefill rate and overhead; `None` unless the set
+    /// predicts TTFT with engine replicas.
+    pub fn engine_model(&self, scraped_blocks: Option<u32>) -> Option<EngineModel> {
+        if !self.replicate_engines {
+            return None;
+        }
+        let prior = StepCost::prior(self.ttft.prefill_tokens_per_sec, self.ttft.base_ms);
+        Some(EngineModel::new(self.engine_shape(scraped_blocks)?, prior))
+    }
 }
 
 /// The kind of external provider.

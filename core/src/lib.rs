@@ -8,6 +8,8 @@
 //! * [`request`]: the features of one request that policies match on;
 //! * [`snapshot`]: an immutable view of fleet state (queues, KV usage, health) at one instant;
 //! * [`predictor`]: the time-to-first-token model used by `minimize: PredictedTTFT`;
+//! * [`replica`]: a router's replica of one vLLM engine's scheduler and the online learner of
+//!   its step cost, the alternative TTFT predictor (`ttftPredictor: EngineReplica`);
 //! * [`engine`]: [`engine::decide`], a pure function from (config, snapshot, request) to a
 //!   [`engine::Decision`] with the ranked alternatives and a step-by-step trace.
 //!
@@ -20,6 +22,7 @@ pub mod engine;
 pub mod fleet;
 pub mod money;
 pub mod predictor;
+pub mod replica;
 pub mod request;
 pub mod resolve;
 pub mod snapshot;

@@ -75,6 +75,11 @@ pub struct RequestFeatures {
     /// requests spread while each decision stays reproducible.
     #[serde(default)]
     pub tie_breaker: u64,
+    /// The prompt's block hashes as the router's KV index computes them: the one at a
+    /// worker's cached length names the prefix the request shares there (replica block
+    /// accounting); empty when unknown.
+    #[serde(skip)]
+    pub block_keys: std::sync::Arc<[u64]>,
 }
 
 impl RequestFeatures {
@@ -86,6 +91,13 @@ impl RequestFeatures {
     /// Cached prefix tokens for `key`, clamped to the prompt length.
     pub fn cached_on(&self, key: &WorkerKey) -> u32 {
         self.cached_tokens.get(key).copied().unwrap_or(0).min(self.prompt_tokens)
+    }
+
+    /// The key of the prefix `cached_tokens` of this prompt cover, in blocks of `block_size`
+    /// (0 when nothing is cached or the hashes are unknown).
+    pub fn prefix_key(&self, cached_tokens: u32, block_size: u32) -> u64 {
+        let blocks = (cached_tokens / block_size.max(1)) as usize;
+        blocks.checked_sub(1).and_then(|i| self.block_keys.get(i)).copied().unwrap_or(0)
     }
 }
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::predictor::TtftModel;
+use crate::replica::Outlook;
 use crate::request::WorkerKey;
 
 /// State of the fleet as of one instant.
@@ -21,7 +22,7 @@ pub struct FleetSnapshot {
 }
 
 /// Engine state of one worker.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerState {
     /// Whether the worker answers health checks.
@@ -43,6 +44,10 @@ pub struct WorkerState {
     /// TTFT model calibrated online for this worker; the worker set's model when absent.
     #[serde(default)]
     pub ttft: Option<TtftModel>,
+    /// The router's replica of the engine's scheduler: when present it predicts TTFT in place
+    /// of `ttft` (live state only, never serialized).
+    #[serde(skip)]
+    pub outlook: Option<Outlook>,
 }
 
 /// Availability of one provider.
@@ -66,6 +71,7 @@ impl Default for WorkerState {
             waiting_prefill_tokens: None,
             kv_cache_usage_percent: 0.0,
             ttft: None,
+            outlook: None,
         }
     }
 }

@@ -14,6 +14,7 @@ use switchyard_core::fleet::{
 };
 use switchyard_core::money::MicroUsd;
 use switchyard_core::predictor::TtftModel;
+use switchyard_core::replica::{EngineShape, Outlook, Replica, Sent, StepCost};
 use switchyard_core::request::{Complexity, PII_TAG, RequestClass, RequestFeatures, WorkerKey};
 use switchyard_core::snapshot::{FleetSnapshot, ProviderState, WorkerState};
 use switchyard_core::{Decision, decide};
@@ -74,6 +75,8 @@ fn build(seed: u64) -> Case {
                     queued_request_ms: g.below(500) as f64,
                     decode_interference: g.below(10) as f64 / 100.0,
                 },
+                engine: Default::default(),
+                replicate_engines: false,
             },
         );
     }
@@ -178,6 +181,7 @@ fn build(seed: u64) -> Case {
                     waiting_prefill_tokens: g.chance(30).then(|| g.below(50_000)),
                     kv_cache_usage_percent: g.below(1001) as f64 / 10.0,
                     ttft: None,
+                    outlook: g.chance(50).then(|| replica_outlook(&mut g)),
                 },
             );
             if g.chance(40) {
@@ -206,8 +210,41 @@ fn build(seed: u64) -> Case {
         max_output_tokens: g.chance(50).then(|| g.below(2000) as u32),
         cached_tokens: cached,
         tie_breaker: g.next(),
+        block_keys: (0..g.below(1_300)).map(|_| g.below(4)).collect(),
     };
     Case { cfg, snapshot, req }
+}
+
+/// A replica with a random load and cost, some of it degenerate.
+fn replica_outlook(g: &mut Gen) -> Outlook {
+    let shape = EngineShape {
+        block_size: 16,
+        num_blocks: 1 + g.below(12_000) as u32,
+        max_num_seqs: 1 + g.below(64) as u32,
+        max_num_batched_tokens: 1 + g.below(8_192) as u32,
+    };
+    let cost = StepCost {
+        base_ms: g.below(50) as f64,
+        prefill_ms_per_token: g.below(100) as f64 / 100.0,
+        decode_ms_per_seq: if g.chance(5) { f64::NAN } else { g.below(100) as f64 / 100.0 },
+        attention_ms_per_ktoken: g.below(10) as f64 / 100.0,
+        request_ms: g.below(100) as f64,
+    };
+    let mut replica = Replica::new(shape, cost);
+    let mut now = 0.0;
+    for id in 0..g.below(12) {
+        now += g.below(2_000) as f64;
+        let prompt_tokens = g.below(20_000) as u32;
+        let sent = Sent {
+            id,
+            prompt_tokens,
+            cached_tokens: g.below(u64::from(prompt_tokens) + 1) as u32,
+            prefix: g.below(4),
+            max_tokens: 1 + g.below(400) as u32,
+        };
+        replica.dispatch(sent, now);
+    }
+    Outlook::new(std::sync::Arc::new(replica), now + g.below(5_000) as f64)
 }
 
 /// Local workers that an independent reading of the policy's filters lets through.

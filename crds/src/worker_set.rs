@@ -58,6 +58,9 @@ pub struct InferenceWorkerSetSpec {
     /// Capacity hints used before online calibration has data.
     #[serde(default)]
     pub capacity: CapacitySpec,
+    /// How the router predicts a request's time to first token on each worker.
+    #[serde(default)]
+    pub ttft_predictor: TtftPredictor,
     /// What the workers cost, for cost reports and `minimize: Cost`.
     #[serde(default)]
     pub cost: CostSpec,
@@ -129,6 +132,19 @@ pub struct KvEventsSpec {
     /// ZMQ topic the engines publish on (vLLM default: empty).
     #[serde(default)]
     pub topic: String,
+}
+
+/// How the router predicts time to first token.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TtftPredictor {
+    /// From the engine's queue (reported and in flight) and a calibrated prefill rate.
+    #[default]
+    Queue,
+    /// From a replica of each engine's scheduler, rebuilt from the requests the router sent
+    /// and the tokens it relayed, with a step-cost model learned online. Needs the KV
+    /// capacity (`capacity.kvCacheTokens`, or the engine's `vllm:cache_config_info`);
+    /// `capacity.maxNumSeqs` and `capacity.maxNumBatchedTokens` default to vLLM's defaults.
+    EngineReplica,
 }
 
 /// Where the router gets the engine's tokenizer.

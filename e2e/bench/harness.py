@@ -162,7 +162,8 @@ spec:
     static:
 {eps}
   kvBlockSize: 16
-  capacity: {{prefillTokensPerSecond: {rate}}}
+  capacity: {{prefillTokensPerSecond: {rate}, maxNumSeqs: {opts.max_num_seqs}, maxNumBatchedTokens: {opts.max_num_batched_tokens}}}
+  ttftPredictor: {opts.ttft_predictor}
   tokenizer: {{source: Files, path: {opts.tokenizer}}}
 ---
 apiVersion: switchyard.dev/v1alpha1
@@ -563,7 +564,7 @@ def run_plan(opts, settings, routers_for, workloads):
             digest.update(block)
     return {"settings": {w: settings[w] for w in workloads}, "routers": routers_for, "points": opts.points,
             "arrival": opts.arrival, "max_outstanding": opts.max_outstanding, "api": opts.api,
-            "slow_worker": opts.slow_worker, "workers": opts.workers, "profile": opts.profile, "seed": opts.seed,
+            "slow_worker": opts.slow_worker, "ttft_predictor": opts.ttft_predictor, "workers": opts.workers, "profile": opts.profile, "seed": opts.seed,
             "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens",
                                                                 "first_turn_tokens", "turn_tokens", "turns",
                                                                 "output_tokens")},
@@ -626,7 +627,8 @@ def virtual_time(opts, workloads, settings):
                 else ["--concurrency", ",".join(str(c) for c in opts.points)])
         cmd = [opts.bin, "calibrate", "--profile", opts.profile, "--engines", str(opts.workers),
                "--workload", workload, "--routing", "switchyard,oracle", *load, "--requests", "1000", "--warmup", "200",
-               "--output-tokens", str(opts.output_tokens), "--seed", str(opts.seed), "--format", "json"]
+               "--output-tokens", str(opts.output_tokens), "--seed", str(opts.seed), "--ttft-predictor", opts.ttft_predictor,
+               "--format", "json"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"switchyard calibrate failed: {done.stderr.strip()}")
@@ -659,6 +661,8 @@ def main():
                     help=f"poisson: most requests in flight, later arrivals wait in GuideLLM (default {MAX_OUTSTANDING})")
     ap.add_argument("--api", choices=sorted(API_PATHS), default="chat",
                     help="OpenAI API driven through every router: chat = /v1/chat/completions, completions = /v1/completions")
+    ap.add_argument("--ttft-predictor", choices=["Queue", "EngineReplica"], default="Queue",
+                    help="the spoke worker set's ttftPredictor (live and in the virtual-time figures)")
     ap.add_argument("--slow-worker", type=float, metavar="FACTOR",
                     help="slow the first worker: every engine step takes FACTOR x its modelled time")
     # Each of these overrides the mode's setting for every workload.
@@ -679,7 +683,11 @@ def main():
     opts = ap.parse_args()
     opts.bin = os.environ["SWITCHYARD_BIN"]
     opts.tokenizer = Path(opts.repo) / "tokenizer" / "files"
-    opts.profile_prefill_ms = {"l40s-27b-fp8": 0.42, "tiny": 0.01}.get(opts.profile, 0.42)
+    # What an operator configures for the engines it deploys: their prefill rate (ms per token
+    # at time scale 1) and the vLLM arguments --max-num-seqs and --max-num-batched-tokens. The
+    # KV capacity the spoke reads from the engines' own vllm:cache_config_info.
+    opts.profile_prefill_ms, opts.max_num_seqs, opts.max_num_batched_tokens = {
+        "l40s-27b-fp8": (0.42, 64, 8192), "tiny": (0.01, 32, 2048)}.get(opts.profile, (0.42, 64, 8192))
     # Quick: the sweep's top point only, where routing decides the most (see README.md);
     # full: the whole sweep with longer windows. Explicit options override either.
     mode = FULL if opts.full else QUICK
@@ -774,6 +782,7 @@ def main():
             "max_outstanding": opts.max_outstanding if opts.arrival == "poisson" else None,
             "api": opts.api, "api_path": API_PATHS[opts.api],
             "slow_worker": None if opts.slow_worker is None else {"worker": 0, "factor": opts.slow_worker},
+            "ttft_predictor": opts.ttft_predictor,
             "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens", "first_turn_tokens",
                                                     "turn_tokens", "turns", "output_tokens")},
             "wall_s": wall_before + round(time.time() - started), "resumed": opts.resume,

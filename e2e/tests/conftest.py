@@ -129,7 +129,8 @@ def free_port_pair(workers: int) -> int:
 
 
 def spoke_config(sims, *, model="sim-model", tokenizer_source="Files", chat_template=None, policies="", worker_set="local",
-                 prefill_tokens_per_second=100_000, block_size=16):
+                 prefill_tokens_per_second=100_000, block_size=16, capacity_extra="",
+                 worker_set_extra=""):
     """YAML for a spoke fronting every worker of `sims` (one worker set)."""
     lines = []
     for sim in sims:
@@ -155,8 +156,8 @@ spec:
     static:
 {chr(10).join(lines)}
   kvBlockSize: {block_size}
-  capacity: {{prefillTokensPerSecond: {prefill_tokens_per_second}}}
-  tokenizer:
+  capacity: {{prefillTokensPerSecond: {prefill_tokens_per_second}{capacity_extra}}}
+{worker_set_extra}  tokenizer:
 {tok}---
 apiVersion: switchyard.dev/v1alpha1
 kind: InferencePool

@@ -33,6 +33,9 @@ pub enum Outcome {
 pub trait Observer: Send {
     /// The first generated token (or the first event) arrived after `elapsed`.
     fn first_token(&mut self, _elapsed: Duration) {}
+    /// `generated` content events (streamed engine steps: about one token each) have arrived,
+    /// the first one included; called for every one after the first.
+    fn progress(&mut self, _generated: u32) {}
     /// The engine reported token counts.
     fn usage(&mut self, _usage: &Usage) {}
     /// The dispatch ended.
@@ -110,6 +113,12 @@ impl Dispatch {
         self.booking.started();
         for o in &mut self.observers {
             o.first_token(elapsed);
+        }
+    }
+
+    pub(crate) fn progress(&mut self, generated: u32) {
+        for o in &mut self.observers {
+            o.progress(generated);
         }
     }
 

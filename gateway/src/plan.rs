@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use switchyard_core::engine::{Decision, Target};
 use switchyard_core::predictor::TtftModel;
+use switchyard_core::replica::Outlook;
 use switchyard_core::request::{RequestFeatures, WorkerKey};
 use switchyard_core::snapshot::WorkerState;
 use switchyard_core::{FleetConfig, FleetSnapshot, Name, decide};
@@ -16,7 +17,7 @@ use switchyard_core::{FleetConfig, FleetSnapshot, Name, decide};
 use crate::request::InferenceRequest;
 
 /// What the router knows about one worker when it plans.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct WorkerView {
     /// Health checks pass.
     pub healthy: bool,
@@ -32,6 +33,8 @@ pub struct WorkerView {
     pub unstarted_prefill_tokens: u64,
     /// The worker set's calibrated TTFT model.
     pub ttft: Option<TtftModel>,
+    /// The router's replica of the engine, when it keeps one: it predicts in place of `ttft`.
+    pub outlook: Option<Outlook>,
 }
 
 /// The snapshot entry of a worker: the engine's queue, or the router's own in-flight count
@@ -44,6 +47,7 @@ pub fn worker_state(v: &WorkerView) -> WorkerState {
         waiting_prefill_tokens: Some(v.unstarted_prefill_tokens),
         kv_cache_usage_percent: v.kv_usage * 100.0,
         ttft: v.ttft,
+        outlook: v.outlook.clone(),
     }
 }
 
@@ -78,6 +82,7 @@ pub fn features(
         max_output_tokens: req.max_tokens,
         cached_tokens,
         tie_breaker: tie_breaker(request_no),
+        block_keys: Default::default(),
     }
 }
 

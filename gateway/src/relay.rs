@@ -118,6 +118,7 @@ pub async fn relay(
             dispatch,
             started,
             first: true,
+            content_events: 0,
             finished: false,
             last_event: tokio::time::Instant::now(),
             limits,
@@ -158,6 +159,8 @@ struct Pump {
     dispatch: DispatchGuard,
     started: Instant,
     first: bool,
+    /// Content events so far (the progress observers are told of).
+    content_events: u32,
     finished: bool,
     /// When the last event arrived (pings do not reset the idle timeout).
     last_event: tokio::time::Instant,
@@ -231,9 +234,14 @@ impl Pump {
                         Event::Usage(u) => d.usage(u),
                         _ if self.first => {
                             self.first = false;
+                            self.content_events = 1;
                             d.first_token(self.started.elapsed());
                         }
-                        _ => {}
+                        Event::Text(_) | Event::ToolCall { .. } => {
+                            self.content_events += 1;
+                            d.progress(self.content_events);
+                        }
+                        Event::Finish(_) => {}
                     }
                 }
                 if matches!(event, Event::Finish(_)) {

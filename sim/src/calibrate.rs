@@ -88,6 +88,10 @@ pub trait Route {
     /// `id`'s first token reached the client at `now_ms` (a router relaying the stream sees it).
     fn started(&mut self, _engine: usize, _id: RequestId, _now_ms: f64) {}
 
+    /// `id`'s token number `generated` (1 = the first) reached the client at `now_ms`; called
+    /// for every token after the first.
+    fn progress(&mut self, _engine: usize, _id: RequestId, _generated: u32, _now_ms: f64) {}
+
     /// `id`'s last token reached the client at `now_ms`.
     fn finished(&mut self, _engine: usize, _id: RequestId, _now_ms: f64) {}
 }
@@ -589,6 +593,7 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
                 router.started(i, tok.request, now);
             } else {
                 p.itls.push(now - p.last);
+                router.progress(i, tok.request, tok.index + 1, now);
             }
             p.last = now;
             if spec.workload == Workload::MultiTurn {

@@ -30,11 +30,13 @@ use axum::routing::get;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
-use switchyard_core::Name;
 use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
+use switchyard_core::fleet::DEFAULT_EXPECTED_OUTPUT_TOKENS;
 use switchyard_core::predictor::TtftModel;
+use switchyard_core::replica::{Ended, EngineModel, Sent, median};
 use switchyard_core::request::WorkerKey;
 use switchyard_core::resolve;
+use switchyard_core::{FleetConfig, Name};
 use switchyard_gateway::admission::CpuPool;
 use switchyard_gateway::observe::{Booking, Dispatch, Observer, Outcome, Release};
 use switchyard_gateway::server::ServeConfig;
@@ -259,15 +261,19 @@ impl SpokeBackend {
             );
         }
 
-        let features = plan::features(req, prompt_tokens.unwrap_or(0), cached, request_no);
+        let mut features = plan::features(req, prompt_tokens.unwrap_or(0), cached, request_no);
+        if let Some(t) = prompts.first().and_then(|p| per_set.get(&p.set)) {
+            features.block_keys = t.hashes.iter().map(|h| h.0).collect();
+        }
+        let now_ms = app.registry.now_ms();
         let cached = &features.cached_tokens;
         let ttft: FxHashMap<&str, Option<TtftModel>> = sets
             .iter()
             .map(|s| (s.as_str(), app.registry.set(s).and_then(|rt| rt.calibration.lock().ok().map(|c| c.model()))))
             .collect();
-        let snapshot = plan::snapshot(
-            workers.iter().map(|w| (w.key.clone(), worker_view(w, ttft.get(&*w.key.worker_set).copied().flatten()))),
-        );
+        let snapshot = plan::snapshot(workers.iter().map(|w| {
+            (w.key.clone(), worker_view(w, &topo.fleet, ttft.get(&*w.key.worker_set).copied().flatten(), now_ms))
+        }));
         let started = Instant::now();
         let decision = plan::plan(&topo.fleet, &snapshot, &features);
         app.metrics.observe(m::DECISION_SECONDS, &[], started.elapsed().as_secs_f64());
@@ -347,6 +353,8 @@ impl SpokeBackend {
                 hashes,
                 prompt_tokens: tokens,
                 routed_cached: cached.get(&key).copied().unwrap_or(0),
+                request_no,
+                max_tokens: req.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT_TOKENS),
                 indexed_cached: indexed_cached.get(&key).copied().unwrap_or(0),
                 first_booking: Mutex::new(first_booking),
             }));
@@ -402,8 +410,17 @@ impl Backend for SpokeBackend {
 }
 
 /// What the spoke knows about one worker when it plans.
-fn worker_view(w: &WorkerRuntime, ttft: Option<TtftModel>) -> plan::WorkerView {
+fn worker_view(w: &WorkerRuntime, fleet: &FleetConfig, ttft: Option<TtftModel>, now_ms: f64) -> plan::WorkerView {
     let (engine, _) = w.load.engine();
+    let outlook = w.model.lock().ok().and_then(|mut model| {
+        if model.is_none()
+            && let Some(ws) = fleet.worker_sets.get(&*w.key.worker_set)
+        {
+            // Once the engine has reported its KV capacity, the worker is replicated.
+            *model = ws.engine_model(engine.num_gpu_blocks);
+        }
+        model.as_ref().map(|m| m.outlook(now_ms))
+    });
     plan::WorkerView {
         healthy: w.load.healthy(),
         engine_waiting: engine.waiting,
@@ -412,6 +429,7 @@ fn worker_view(w: &WorkerRuntime, ttft: Option<TtftModel>) -> plan::WorkerView {
         unstarted_requests: w.load.inflight_unstarted.load(Ordering::Relaxed) as u32,
         unstarted_prefill_tokens: w.load.inflight_prefill_tokens.load(Ordering::Relaxed),
         ttft,
+        outlook,
     }
 }
 
@@ -449,6 +467,10 @@ struct WorkerTarget {
     prompt_tokens: Option<u32>,
     routed_cached: u32,
     indexed_cached: u32,
+    /// The request's number: its id in the worker's replica.
+    request_no: u64,
+    /// Output tokens the replica assumes until the engine reports them.
+    max_tokens: u32,
     first_booking: Mutex<Option<Booking>>,
 }
 
@@ -470,6 +492,7 @@ impl Target for WorkerTarget {
         let queued_ahead = self.worker.load.inflight_prefill_tokens.load(Ordering::Relaxed);
         let running = self.worker.load.engine().0.running;
         let ticket = load::dispatch(&self.worker.load, uncached);
+        let replicated = self.replicate();
         self.app.metrics.inc(
             m::DECISIONS_TOTAL,
             &[("worker_set", &self.worker.key.worker_set), ("worker", &self.worker.key.worker)],
@@ -491,7 +514,95 @@ impl Target for WorkerTarget {
                     predicted_prompt: self.prompt_tokens,
                     predicted_cached: self.indexed_cached,
                 }),
+                Box::new(ReplicaObserver {
+                    app: self.app.clone(),
+                    worker: self.worker.clone(),
+                    id: replicated.then_some(self.request_no),
+                    output_tokens: None,
+                    last_token: None,
+                    gaps: Vec::new(),
+                }),
             ],
+        }
+    }
+}
+
+impl WorkerTarget {
+    /// Enters the dispatch in the worker's replica; false when the worker has none.
+    fn replicate(&self) -> bool {
+        let Ok(mut model) = self.worker.model.lock() else { return false };
+        let Some(model) = model.as_mut() else { return false };
+        let bs = model.replica().shape().block_size;
+        let prefix =
+            (self.routed_cached / bs).checked_sub(1).and_then(|i| self.hashes.get(i as usize)).map_or(0, |h| h.0);
+        let sent = Sent {
+            id: self.request_no,
+            prompt_tokens: self.prompt_tokens.unwrap_or(0),
+            cached_tokens: self.routed_cached,
+            prefix,
+            max_tokens: self.max_tokens,
+        };
+        let now = self.app.registry.now_ms();
+        model.dispatch(sent, now);
+        true
+    }
+}
+
+/// Tells the worker's replica what became of a dispatch: its first token, its output length,
+/// its end.
+struct ReplicaObserver {
+    app: Arc<App>,
+    worker: Arc<WorkerRuntime>,
+    /// The dispatch's id in the replica; `None` when the worker has no replica.
+    id: Option<u64>,
+    output_tokens: Option<u32>,
+    /// When the last streamed token came, and the gaps between tokens so far (ms).
+    last_token: Option<Instant>,
+    gaps: Vec<f64>,
+}
+
+impl ReplicaObserver {
+    fn with_model(&self, f: impl FnOnce(&mut EngineModel, u64, f64)) {
+        let Some(id) = self.id else { return };
+        let now_ms = self.app.registry.now_ms();
+        if let Ok(mut model) = self.worker.model.lock()
+            && let Some(model) = model.as_mut()
+        {
+            f(model, id, now_ms);
+        }
+    }
+}
+
+impl Observer for ReplicaObserver {
+    fn first_token(&mut self, _elapsed: Duration) {
+        self.last_token = Some(Instant::now());
+        self.with_model(|m, id, now| m.started(id, now));
+    }
+
+    fn progress(&mut self, generated: u32) {
+        let now = Instant::now();
+        if let Some(last) = self.last_token.replace(now)
+            && self.id.is_some()
+        {
+            self.gaps.push((now - last).as_secs_f64() * 1_000.0);
+        }
+        self.with_model(|m, id, now| m.progress(id, generated, now));
+    }
+
+    fn usage(&mut self, usage: &Usage) {
+        self.output_tokens = Some(usage.completion_tokens);
+    }
+
+    fn end(&mut self, outcome: Outcome) {
+        let output_tokens = self.output_tokens;
+        match outcome {
+            Outcome::Completed => {
+                let end = Ended { output_tokens, median_gap_ms: median(std::mem::take(&mut self.gaps)) };
+                self.with_model(|m, id, now| m.finished(id, &end, now));
+            }
+            Outcome::ConnectFailed | Outcome::Failed | Outcome::Cancelled => {
+                self.with_model(|m, id, now| m.forget(id, now))
+            }
         }
     }
 }
@@ -686,6 +797,17 @@ fn worker_status(w: &WorkerRuntime) -> Value {
             "duplicates": kv.duplicates.load(Ordering::Relaxed), "nextSeq": kv.next_seq.load(Ordering::Relaxed),
             "blocks": kv.blocks.load(Ordering::Relaxed),
         },
+        "replica": w.model.lock().ok().and_then(|m| m.as_ref().map(replica_status)),
+    })
+}
+
+/// A worker's replica as the admin API shows it: what it believes the engine holds and the
+/// step cost it has learned.
+fn replica_status(model: &EngineModel) -> Value {
+    let (waiting, running) = model.replica().counts();
+    json!({
+        "waiting": waiting, "running": running, "shape": model.replica().shape(),
+        "learnedCost": model.learner().cost(), "samples": model.learner().samples(),
     })
 }
 

@@ -29,6 +29,8 @@ pub struct EngineLoad {
     pub prefix_cache_queries: u64,
     /// `vllm:prefix_cache_hits_total`: of those, tokens found cached.
     pub prefix_cache_hits: u64,
+    /// The `num_gpu_blocks` label of `vllm:cache_config_info`: the engine's KV capacity.
+    pub num_gpu_blocks: Option<u32>,
 }
 
 /// Live load state of one worker.
@@ -167,11 +169,24 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineLoad> {
             "vllm:gpu_cache_usage_perc" => kv_old = Some(kv_old.unwrap_or(0.0).max(value)),
             "vllm:prefix_cache_queries_total" => load.prefix_cache_queries += value as u64,
             "vllm:prefix_cache_hits_total" => load.prefix_cache_hits += value as u64,
+            "vllm:cache_config_info" => {
+                let blocks = label(line, "num_gpu_blocks").and_then(|v| v.parse::<u32>().ok());
+                load.num_gpu_blocks = load.num_gpu_blocks.max(blocks);
+            }
             _ => {}
         }
     }
     load.kv_usage = kv_new.or(kv_old).unwrap_or(0.0).clamp(0.0, 1.0);
     seen.then_some(load)
+}
+
+/// The value of label `name` in an exposition line (`metric{a="1",name="v"} 1`).
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let labels = &line[line.find('{')? + 1..line.rfind('}')?];
+    labels.split(',').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k.trim() == name).then(|| v.trim().trim_matches('"'))
+    })
 }
 
 /// Scrapes `base_url/metrics` every [`SCRAPE_INTERVAL`] until `shutdown`.
@@ -218,7 +233,8 @@ mod tests {
                 running: 3,
                 kv_usage: 0.25,
                 prefix_cache_queries: 1127,
-                prefix_cache_hits: 290
+                prefix_cache_hits: 290,
+                num_gpu_blocks: None,
             })
         );
         assert_eq!(
@@ -226,6 +242,8 @@ mod tests {
             Some(EngineLoad { waiting: 0, running: 1, kv_usage: 0.5, ..EngineLoad::default() })
         );
         assert_eq!(parse_engine_metrics("garbage"), None);
+        let info = "vllm:num_requests_running 0\nvllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"11000\",num_gpu_blocks_override=\"None\"} 1.0\n";
+        assert_eq!(parse_engine_metrics(info).and_then(|l| l.num_gpu_blocks), Some(11_000));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use dynamo_kv_router::protocols::WorkerId;
+use switchyard_core::replica::EngineModel;
 use switchyard_core::request::WorkerKey;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +37,9 @@ pub struct WorkerRuntime {
     pub load: Arc<WorkerLoad>,
     /// KV stream counters.
     pub kv: Arc<KvStats>,
+    /// The spoke's replica of the engine, when the worker set's KV capacity is known: written
+    /// by this worker's dispatches and their observers, read (as an outlook) by decisions.
+    pub model: Mutex<Option<EngineModel>>,
     cancel: CancellationToken,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -68,6 +73,8 @@ struct State {
 /// All live state.
 pub struct Registry {
     state: RwLock<State>,
+    /// The origin of the replicas' clock.
+    epoch: Instant,
     client: reqwest::Client,
     shutdown: CancellationToken,
     /// Largest KV-event message accepted from a worker.
@@ -78,7 +85,12 @@ impl Registry {
     /// An empty registry; tasks stop when `shutdown` fires; KV-event messages above
     /// `max_kv_message_bytes` drop the worker's event connection.
     pub fn new(client: reqwest::Client, shutdown: CancellationToken, max_kv_message_bytes: u64) -> Registry {
-        Registry { state: RwLock::new(State::default()), client, shutdown, max_kv_message_bytes }
+        Registry { state: RwLock::new(State::default()), epoch: Instant::now(), client, shutdown, max_kv_message_bytes }
+    }
+
+    /// Milliseconds since the registry started: the clock every replica runs on.
+    pub fn now_ms(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1_000.0
     }
 
     /// A worker by key.
@@ -162,7 +174,8 @@ impl Registry {
                             // after the swap, which must not touch the new one's.
                             st.next_id += 1;
                             let id = st.next_id;
-                            self.start_worker(id, key.clone(), ep.clone(), set.index.clone())
+                            let model = topo.fleet.worker_sets.get(name).and_then(|ws| ws.engine_model(None));
+                            self.start_worker(id, key.clone(), ep.clone(), set.index.clone(), model)
                         }
                     };
                     workers.insert(key, w);
@@ -194,6 +207,7 @@ impl Registry {
         key: WorkerKey,
         ep: WorkerEndpoint,
         index: Arc<KvIndex>,
+        model: Option<EngineModel>,
     ) -> Arc<WorkerRuntime> {
         let cancel = self.shutdown.child_token();
         let load = Arc::new(WorkerLoad::default());
@@ -215,7 +229,16 @@ impl Registry {
             tasks.push(tokio::spawn(kv_subscriber::run(spec, index, kv.clone(), cancel.clone())));
         }
         tracing::info!(worker_set = %key.worker_set, worker = %key.worker, url = %ep.http_url, "worker added");
-        Arc::new(WorkerRuntime { id, key, endpoint: ep, load, kv, cancel, tasks: Mutex::new(tasks) })
+        Arc::new(WorkerRuntime {
+            id,
+            key,
+            endpoint: ep,
+            load,
+            kv,
+            model: Mutex::new(model),
+            cancel,
+            tasks: Mutex::new(tasks),
+        })
     }
 
     /// Stops every worker's tasks.
