@@ -262,7 +262,12 @@ impl SpokeBackend {
         }
 
         let mut features = plan::features(req, prompt_tokens.unwrap_or(0), cached, request_no);
-        if let Some(t) = prompts.first().and_then(|p| per_set.get(&p.set)) {
+        // Only a replica's block accounting needs the hashes as keys.
+        if let Some(t) = prompts
+            .first()
+            .filter(|p| topo.fleet.worker_sets.get(&p.set).is_some_and(|ws| ws.replicate_engines))
+            .and_then(|p| per_set.get(&p.set))
+        {
             features.block_keys = t.hashes.iter().map(|h| h.0).collect();
         }
         let now_ms = app.registry.now_ms();
@@ -492,7 +497,16 @@ impl Target for WorkerTarget {
         let queued_ahead = self.worker.load.inflight_prefill_tokens.load(Ordering::Relaxed);
         let running = self.worker.load.engine().0.running;
         let ticket = load::dispatch(&self.worker.load, uncached);
-        let replicated = self.replicate();
+        let replica = self.replicate().then(|| {
+            Box::new(ReplicaObserver {
+                app: self.app.clone(),
+                worker: self.worker.clone(),
+                id: self.request_no,
+                output_tokens: None,
+                last_token: None,
+                gaps: Vec::new(),
+            }) as Box<dyn Observer>
+        });
         self.app.metrics.inc(
             m::DECISIONS_TOTAL,
             &[("worker_set", &self.worker.key.worker_set), ("worker", &self.worker.key.worker)],
@@ -500,8 +514,8 @@ impl Target for WorkerTarget {
         );
         Dispatch {
             booking,
-            observers: vec![
-                Box::new(LedgerObserver { ticket, worker: self.worker.clone() }),
+            observers: [
+                Box::new(LedgerObserver { ticket, worker: self.worker.clone() }) as Box<dyn Observer>,
                 Box::new(CalibrationObserver {
                     app: self.app.clone(),
                     worker_set: self.worker.key.worker_set.clone(),
@@ -514,15 +528,10 @@ impl Target for WorkerTarget {
                     predicted_prompt: self.prompt_tokens,
                     predicted_cached: self.indexed_cached,
                 }),
-                Box::new(ReplicaObserver {
-                    app: self.app.clone(),
-                    worker: self.worker.clone(),
-                    id: replicated.then_some(self.request_no),
-                    output_tokens: None,
-                    last_token: None,
-                    gaps: Vec::new(),
-                }),
-            ],
+            ]
+            .into_iter()
+            .chain(replica)
+            .collect(),
         }
     }
 }
@@ -553,8 +562,8 @@ impl WorkerTarget {
 struct ReplicaObserver {
     app: Arc<App>,
     worker: Arc<WorkerRuntime>,
-    /// The dispatch's id in the replica; `None` when the worker has no replica.
-    id: Option<u64>,
+    /// The dispatch's id in the replica.
+    id: u64,
     output_tokens: Option<u32>,
     /// When the last streamed token came, and the gaps between tokens so far (ms).
     last_token: Option<Instant>,
@@ -563,7 +572,7 @@ struct ReplicaObserver {
 
 impl ReplicaObserver {
     fn with_model(&self, f: impl FnOnce(&mut EngineModel, u64, f64)) {
-        let Some(id) = self.id else { return };
+        let id = self.id;
         let now_ms = self.app.registry.now_ms();
         if let Ok(mut model) = self.worker.model.lock()
             && let Some(model) = model.as_mut()
@@ -581,9 +590,7 @@ impl Observer for ReplicaObserver {
 
     fn progress(&mut self, generated: u32) {
         let now = Instant::now();
-        if let Some(last) = self.last_token.replace(now)
-            && self.id.is_some()
-        {
+        if let Some(last) = self.last_token.replace(now) {
             self.gaps.push((now - last).as_secs_f64() * 1_000.0);
         }
         self.with_model(|m, id, now| m.progress(id, generated, now));
