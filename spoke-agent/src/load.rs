@@ -182,7 +182,8 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineLoad> {
 
 /// The value of label `name` in an exposition line (`metric{a="1",name="v"} 1`).
 fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    let labels = &line[line.find('{')? + 1..line.rfind('}')?];
+    // `get`, not indexing: a malformed line (a `}` before the `{`) is skipped, not a panic.
+    let labels = line.get(line.find('{')? + 1..line.rfind('}')?)?;
     labels.split(',').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
         (k.trim() == name).then(|| v.trim().trim_matches('"'))
@@ -244,6 +245,8 @@ mod tests {
         assert_eq!(parse_engine_metrics("garbage"), None);
         let info = "vllm:num_requests_running 0\nvllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"11000\",num_gpu_blocks_override=\"None\"} 1.0\n";
         assert_eq!(parse_engine_metrics(info).and_then(|l| l.num_gpu_blocks), Some(11_000));
+        let malformed = "vllm:num_requests_running 0\nvllm:cache_config_info }{num_gpu_blocks=\"9\" 1.0\n";
+        assert_eq!(parse_engine_metrics(malformed).map(|l| l.num_gpu_blocks), Some(None));
     }
 
     #[test]
