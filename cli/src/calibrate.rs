@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use anyhow::Context;
+use switchyard_core::pacing;
 use switchyard_core::replica::{Ended, EngineModel, Sent, median};
 use switchyard_core::request::WorkerKey;
 use switchyard_core::{FleetConfig, Outcome, Target};
-use switchyard_crds::TtftPredictor;
+use switchyard_crds::{DispatchPacing, TtftPredictor};
 use switchyard_gateway::request::{Dialect, Prompt, TextPrompt};
 use switchyard_gateway::{InferenceRequest, plan};
 use switchyard_sim::calibrate::{Arrival, Route, RouteContext, Routing, RunSpec, TimingError, Twin, Workload, run};
@@ -39,7 +40,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "control,shared-prefix")]
     workload: Vec<String>,
     /// Routing rules (random, prefix-affinity, round-robin, least-outstanding, oracle,
-    /// switchyard, twin).
+    /// switchyard, twin, paced-oracle).
     #[arg(long, value_delimiter = ',', default_value = "random,prefix-affinity")]
     routing: Vec<String>,
     /// Concurrency levels (closed-loop clients).
@@ -78,9 +79,18 @@ pub struct Args {
     /// `prefill=F,decode=F,base=F,attention=F` (each 1 when left out).
     #[arg(long, value_parser = parse_timing_error, default_value = "prefill=1")]
     twin_timing: TimingError,
+    /// For `switchyard`: the worker set's `dispatchPacing` (Paced or Immediate).
+    #[arg(long, value_parser = parse_pacing, default_value = "Paced")]
+    dispatch_pacing: DispatchPacing,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
+}
+
+/// `Paced` or `Immediate`, as in the worker set's spec.
+fn parse_pacing(text: &str) -> Result<DispatchPacing, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("`{text}`: expected Paced or Immediate"))
 }
 
 /// `Queue` or `EngineReplica`, as in the worker set's spec.
@@ -142,12 +152,14 @@ pub fn run_all(args: &Args) -> anyhow::Result<Exit> {
                     "least-outstanding" => Box::new(Routing::LeastOutstanding),
                     "oracle" => Box::new(Routing::Oracle),
                     "twin" => Box::new(Twin::new(&p, args.engines, args.twin_timing)),
+                    "paced-oracle" => Box::new(PacedOracle::new(&p, args.engines)),
                     "switchyard" => Box::new(SpokeRoute::new(
                         &p,
                         args.engines,
                         args.output_tokens,
                         args.scrape_ms,
                         args.ttft_predictor,
+                        args.dispatch_pacing,
                     )?),
                     other => anyhow::bail!("unknown routing `{other}`"),
                 };
@@ -210,6 +222,8 @@ struct SpokeRoute {
     placing: (Vec<u32>, Arc<[u64]>),
     /// Per streaming request, when its last token came and the gaps between its tokens.
     streams: HashMap<(usize, RequestId), (f64, Vec<f64>)>,
+    /// Dispatch pacing, when the worker set paces.
+    pacing: Option<Pacer>,
 }
 
 impl SpokeRoute {
@@ -221,6 +235,7 @@ impl SpokeRoute {
         output_tokens: u32,
         scrape_ms: f64,
         predictor: TtftPredictor,
+        pacing: DispatchPacing,
     ) -> anyhow::Result<SpokeRoute> {
         let endpoints: Vec<String> =
             (0..engines).map(|i| format!("{{name: w{i}, host: 127.0.0.1, httpPort: {}}}", 8000 + i)).collect();
@@ -232,11 +247,12 @@ impl SpokeRoute {
             endpoints: &endpoints,
             block_size: profile.block_size,
             worker_set_spec: &format!(
-                "  capacity: {{prefillTokensPerSecond: {rate}, maxNumSeqs: {}, maxNumBatchedTokens: {}, kvCacheTokens: {}}}\n  ttftPredictor: {}\n",
+                "  capacity: {{prefillTokensPerSecond: {rate}, maxNumSeqs: {}, maxNumBatchedTokens: {}, kvCacheTokens: {}}}\n  ttftPredictor: {}\n  dispatchPacing: {}\n",
                 profile.max_num_seqs,
                 profile.max_num_batched_tokens,
                 u64::from(profile.num_gpu_blocks) * u64::from(profile.block_size),
                 serde_json::to_value(predictor).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                serde_json::to_value(pacing).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
             ),
             backend_spec: "",
         }
@@ -248,6 +264,7 @@ impl SpokeRoute {
         let set = checked.config.worker_sets.get("sim");
         let initial = set.map(|ws| ws.ttft).unwrap_or_default();
         let models = (0..engines).filter_map(|_| set.and_then(|ws| ws.engine_model(None))).collect();
+        let pacing = set.filter(|ws| ws.paced).map(|ws| Pacer::new(engines, ws.step_token_budget()));
         let workers =
             (0..engines).map(|i| WorkerKey { worker_set: "sim".into(), worker: format!("w{i}").into() }).collect();
         Ok(SpokeRoute {
@@ -264,11 +281,21 @@ impl SpokeRoute {
             models,
             placing: (vec![0; engines as usize], Arc::from(Vec::new())),
             streams: HashMap::new(),
+            pacing,
         })
     }
 }
 
 impl Route for SpokeRoute {
+    fn admit(&mut self, ctx: &RouteContext<'_>) -> bool {
+        if self.pacing.is_none() {
+            return true;
+        }
+        let best = self.choose(ctx);
+        self.requests -= 1;
+        self.pacing.as_ref().is_none_or(|p| p.takes(ctx, best))
+    }
+
     fn choose(&mut self, ctx: &RouteContext<'_>) -> usize {
         self.requests += 1;
         let mut cached = BTreeMap::new();
@@ -314,6 +341,9 @@ impl Route for SpokeRoute {
     }
 
     fn dispatched(&mut self, engine: usize, id: RequestId, prompt: &[u32], max_tokens: u32, now_ms: f64) {
+        if let Some(pacer) = &mut self.pacing {
+            pacer.dispatched(engine, id, now_ms);
+        }
         let Some(model) = self.models.get_mut(engine) else { return };
         let cached_tokens = self.placing.0.get(engine).copied().unwrap_or(0);
         let bs = model.replica().shape().block_size;
@@ -324,6 +354,9 @@ impl Route for SpokeRoute {
     }
 
     fn started(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        if let Some(pacer) = &mut self.pacing {
+            pacer.started(engine, id, now_ms);
+        }
         if let Some(model) = self.models.get_mut(engine) {
             model.started(id, now_ms);
             self.streams.insert((engine, id), (now_ms, Vec::new()));
@@ -345,6 +378,70 @@ impl Route for SpokeRoute {
             let gaps = self.streams.remove(&(engine, id)).map(|(_, g)| g).unwrap_or_default();
             model.finished(id, &Ended { output_tokens: None, median_gap_ms: median(gaps) }, now_ms);
         }
+    }
+}
+
+/// Dispatch pacing as the spoke does it ([`switchyard_core::pacing`]), from what the calibrator's
+/// ledger holds: the requests sent to each engine without a first token, and when each one's
+/// first token came after how long a wait.
+struct Pacer {
+    step_token_budget: u32,
+    reopens_at_ms: Vec<f64>,
+    sent_ms: HashMap<(usize, RequestId), f64>,
+}
+
+impl Pacer {
+    fn new(engines: u32, step_token_budget: u32) -> Pacer {
+        Pacer { step_token_budget, reopens_at_ms: vec![0.0; engines as usize], sent_ms: HashMap::new() }
+    }
+
+    /// Whether engine `i` takes the request of `ctx` now.
+    fn takes(&self, ctx: &RouteContext<'_>, i: usize) -> bool {
+        let view = pacing::PacingView {
+            queued_prefill_tokens: ctx.ledger(i).1,
+            step_token_budget: self.step_token_budget,
+            reopens_at_ms: self.reopens_at_ms[i],
+        };
+        let own = (ctx.prompt.len() as u64).saturating_sub(u64::from(ctx.cached_or_booked_tokens(i)));
+        view.takes(own, ctx.now_ms)
+    }
+
+    fn dispatched(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        self.sent_ms.insert((engine, id), now_ms);
+    }
+
+    fn started(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        let wait = self.sent_ms.remove(&(engine, id)).map_or(0.0, |t| now_ms - t);
+        self.reopens_at_ms[engine] = pacing::reopens_at_ms(now_ms, wait);
+    }
+}
+
+/// The oracle's rule with the spoke's dispatch pacing: a request whose best engine does not
+/// take it now waits.
+struct PacedOracle(Pacer);
+
+impl PacedOracle {
+    fn new(profile: &Profile, engines: u32) -> PacedOracle {
+        PacedOracle(Pacer::new(engines, profile.max_num_batched_tokens))
+    }
+}
+
+impl Route for PacedOracle {
+    fn admit(&mut self, ctx: &RouteContext<'_>) -> bool {
+        let best = Routing::Oracle.choose(ctx);
+        self.0.takes(ctx, best)
+    }
+
+    fn choose(&mut self, ctx: &RouteContext<'_>) -> usize {
+        Routing::Oracle.choose(ctx)
+    }
+
+    fn dispatched(&mut self, engine: usize, id: RequestId, _prompt: &[u32], _max_tokens: u32, now_ms: f64) {
+        self.0.dispatched(engine, id, now_ms);
+    }
+
+    fn started(&mut self, engine: usize, id: RequestId, now_ms: f64) {
+        self.0.started(engine, id, now_ms);
     }
 }
 

@@ -141,6 +141,7 @@ impl<'a> Validator<'a> {
                         kv_cache_tokens: spec.capacity.kv_cache_tokens,
                     },
                     replicate_engines: spec.ttft_predictor == crds::TtftPredictor::EngineReplica,
+                    paced: spec.dispatch_pacing == crds::DispatchPacing::Paced,
                 },
             );
         }

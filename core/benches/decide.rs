@@ -57,6 +57,7 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
                 ttft: TtftModel::default(),
                 engine: Default::default(),
                 replicate_engines: false,
+                paced: false,
             },
         );
         let models =

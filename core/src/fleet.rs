@@ -60,6 +60,8 @@ pub struct WorkerSet {
     pub engine: EngineLimits,
     /// Whether the router keeps a replica of each engine to predict TTFT with.
     pub replicate_engines: bool,
+    /// Whether dispatches to these workers are paced ([`crate::pacing`]).
+    pub paced: bool,
 }
 
 /// What the configuration says of the engines' scheduler (vLLM's engine arguments and the
@@ -81,6 +83,11 @@ pub const VLLM_DEFAULT_MAX_NUM_SEQS: u32 = 256;
 pub const VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS: u32 = 2048;
 
 impl WorkerSet {
+    /// The engines' step token budget: configured, or vLLM's default.
+    pub fn step_token_budget(&self) -> u32 {
+        self.engine.max_num_batched_tokens.unwrap_or(VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    }
+
     /// The scheduler shape a replica of these engines steps with, once the KV capacity is known
     /// (configured, or `scraped_blocks` from the engine's `vllm:cache_config_info`).
     pub fn engine_shape(&self, scraped_blocks: Option<u32>) -> Option<EngineShape> {
@@ -91,7 +98,7 @@ impl WorkerSet {
             block_size: bs,
             num_blocks,
             max_num_seqs: self.engine.max_num_seqs.unwrap_or(VLLM_DEFAULT_MAX_NUM_SEQS),
-            max_num_batched_tokens: self.engine.max_num_batched_tokens.unwrap_or(VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            max_num_batched_tokens: self.step_token_budget(),
         })
     }
 

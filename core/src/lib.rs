@@ -10,6 +10,8 @@
 //! * [`predictor`]: the time-to-first-token model used by `minimize: PredictedTTFT`;
 //! * [`replica`]: a router's replica of one vLLM engine's scheduler and the online learner of
 //!   its step cost, the alternative TTFT predictor (`ttftPredictor: EngineReplica`);
+//! * [`pacing`]: whether a request chosen for a worker is sent now or waits at the router
+//!   (`dispatchPacing: Paced`);
 //! * [`engine`]: [`engine::decide`], a pure function from (config, snapshot, request) to a
 //!   [`engine::Decision`] with the ranked alternatives and a step-by-step trace.
 //!
@@ -21,6 +23,7 @@
 pub mod engine;
 pub mod fleet;
 pub mod money;
+pub mod pacing;
 pub mod predictor;
 pub mod replica;
 pub mod request;

@@ -77,6 +77,7 @@ fn build(seed: u64) -> Case {
                 },
                 engine: Default::default(),
                 replicate_engines: false,
+                paced: false,
             },
         );
     }

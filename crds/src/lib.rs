@@ -41,8 +41,8 @@ pub use provider::{
 };
 pub use render::{ManifestFile, crd_schema, render_all, to_yaml};
 pub use worker_set::{
-    CapacitySpec, CostSpec, EndpointsSpec, InferenceWorkerSet, InferenceWorkerSetSpec, KvEventsSpec, PortsSpec,
-    RoutingMode, StaticEndpoint, TokenizerSource, TokenizerSpec, TtftPredictor, WorkerSetStatus,
+    CapacitySpec, CostSpec, DispatchPacing, EndpointsSpec, InferenceWorkerSet, InferenceWorkerSetSpec, KvEventsSpec,
+    PortsSpec, RoutingMode, StaticEndpoint, TokenizerSource, TokenizerSpec, TtftPredictor, WorkerSetStatus,
 };
 
 /// API group of every Switchyard resource.

@@ -61,6 +61,9 @@ pub struct InferenceWorkerSetSpec {
     /// How the router predicts a request's time to first token on each worker.
     #[serde(default)]
     pub ttft_predictor: TtftPredictor,
+    /// When a request chosen for a worker is sent to it.
+    #[serde(default)]
+    pub dispatch_pacing: DispatchPacing,
     /// What the workers cost, for cost reports and `minimize: Cost`.
     #[serde(default)]
     pub cost: CostSpec,
@@ -145,6 +148,20 @@ pub enum TtftPredictor {
     /// capacity (`capacity.kvCacheTokens`, or the engine's `vllm:cache_config_info`);
     /// `capacity.maxNumSeqs` and `capacity.maxNumBatchedTokens` default to vLLM's defaults.
     EngineReplica,
+}
+
+/// When the router sends a request to the worker it chose.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DispatchPacing {
+    /// A long prompt waits at the router while the worker still has a prompt of the router's
+    /// waiting for its first token that the two would not fit one step with
+    /// (`capacity.maxNumBatchedTokens`), and for a short gap after each first token
+    /// (8 % of that request's wait); it is planned again when either ends, so it can go to
+    /// whichever worker frees first. Short prompts batch and are not held.
+    #[default]
+    Paced,
+    /// Every request is sent as soon as it is planned.
+    Immediate,
 }
 
 /// Where the router gets the engine's tokenizer.

@@ -164,6 +164,7 @@ spec:
   kvBlockSize: 16
   capacity: {{prefillTokensPerSecond: {rate}, maxNumSeqs: {opts.max_num_seqs}, maxNumBatchedTokens: {opts.max_num_batched_tokens}}}
   ttftPredictor: {opts.ttft_predictor}
+  dispatchPacing: {opts.dispatch_pacing}
   tokenizer: {{source: Files, path: {opts.tokenizer}}}
 ---
 apiVersion: switchyard.dev/v1alpha1
@@ -564,7 +565,7 @@ def run_plan(opts, settings, routers_for, workloads):
             digest.update(block)
     return {"settings": {w: settings[w] for w in workloads}, "routers": routers_for, "points": opts.points,
             "arrival": opts.arrival, "max_outstanding": opts.max_outstanding, "api": opts.api,
-            "slow_worker": opts.slow_worker, "ttft_predictor": opts.ttft_predictor, "workers": opts.workers, "profile": opts.profile, "seed": opts.seed,
+            "slow_worker": opts.slow_worker, "ttft_predictor": opts.ttft_predictor, "dispatch_pacing": opts.dispatch_pacing, "workers": opts.workers, "profile": opts.profile, "seed": opts.seed,
             "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens",
                                                                 "first_turn_tokens", "turn_tokens", "turns",
                                                                 "output_tokens")},
@@ -628,7 +629,7 @@ def virtual_time(opts, workloads, settings):
         cmd = [opts.bin, "calibrate", "--profile", opts.profile, "--engines", str(opts.workers),
                "--workload", workload, "--routing", "switchyard,oracle", *load, "--requests", "1000", "--warmup", "200",
                "--output-tokens", str(opts.output_tokens), "--seed", str(opts.seed), "--ttft-predictor", opts.ttft_predictor,
-               "--format", "json"]
+               "--dispatch-pacing", opts.dispatch_pacing, "--format", "json"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"switchyard calibrate failed: {done.stderr.strip()}")
@@ -663,6 +664,8 @@ def main():
                     help="OpenAI API driven through every router: chat = /v1/chat/completions, completions = /v1/completions")
     ap.add_argument("--ttft-predictor", choices=["Queue", "EngineReplica"], default="Queue",
                     help="the spoke worker set's ttftPredictor (live and in the virtual-time figures)")
+    ap.add_argument("--dispatch-pacing", choices=["Paced", "Immediate"], default="Paced",
+                    help="the spoke worker set's dispatchPacing (live and in the virtual-time figures)")
     ap.add_argument("--slow-worker", type=float, metavar="FACTOR",
                     help="slow the first worker: every engine step takes FACTOR x its modelled time")
     # Each of these overrides the mode's setting for every workload.
@@ -783,6 +786,7 @@ def main():
             "api": opts.api, "api_path": API_PATHS[opts.api],
             "slow_worker": None if opts.slow_worker is None else {"worker": 0, "factor": opts.slow_worker},
             "ttft_predictor": opts.ttft_predictor,
+            "dispatch_pacing": opts.dispatch_pacing,
             "workload_options": {k: getattr(opts, k) for k in ("prefix_count", "prefix_tokens", "unique_tokens", "first_turn_tokens",
                                                     "turn_tokens", "turns", "output_tokens")},
             "wall_s": wall_before + round(time.time() - started), "resumed": opts.resume,

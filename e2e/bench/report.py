@@ -176,7 +176,8 @@ def load_lines(meta):
     fleet = f"{meta['workers']} workers of `{meta['profile']}`, seed {meta['seed']}"
     if slow:
         fleet += f", worker {slow['worker']} slowed {slow['factor']:g}× (every step takes {slow['factor']:g}× its modelled time)"
-    fleet += f"; Switchyard predicts TTFT with `{meta.get('ttft_predictor', 'Queue')}`"
+    fleet += (f"; Switchyard predicts TTFT with `{meta.get('ttft_predictor', 'Queue')}`"
+              f" and dispatches `{meta.get('dispatch_pacing', 'Immediate')}`")
     return [f"Load: {load}, through `{api}`{tokens}.  ",
             f"Fleet: {fleet}. Wall time {meta['wall_s']} s. "
             "Per workload (wall seconds at the time scale; figures converted to scale 1):  "]

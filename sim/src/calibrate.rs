@@ -9,7 +9,7 @@
 //! tokenisation overhead. With no wall clock in the loop they carry no measurement noise, which
 //! makes them the reference for what a routing rule can reach on a profile at all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -75,6 +75,12 @@ pub enum Routing {
 pub trait Route {
     /// The engine (index into `ctx.engines`) the request goes to.
     fn choose(&mut self, ctx: &RouteContext<'_>) -> usize;
+
+    /// Whether the request is placed now; a request held is offered again (oldest first) after
+    /// every step end and arrival, and placed anyway once no engine has work left.
+    fn admit(&mut self, _ctx: &RouteContext<'_>) -> bool {
+        true
+    }
 
     /// A first token on `engine`: `work_tokens` were queued or uncached on it when the request
     /// was dispatched (the dispatcher's own ledger plus the request's uncached tokens), while
@@ -358,6 +364,14 @@ struct Conversation {
     history: Vec<u32>,
 }
 
+/// A request that arrived, before it is placed.
+struct Held {
+    client: usize,
+    prompt: Vec<u32>,
+    prefix: u32,
+    arrived: f64,
+}
+
 struct Pending {
     client: usize,
     /// Generated tokens (multi-turn only: the next turn's prompt carries them).
@@ -462,19 +476,19 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
     let mut placed = 0u64;
     let (mut done, mut measured_start) = (0u32, None::<f64>);
     let (mut ttfts, mut itls, mut e2es) = (Vec::new(), Vec::new(), Vec::new());
-    let mut submit = |client: usize,
-                      answer: Vec<u32>,
+    let mut submit = |held: &Held,
                       engines: &mut Vec<Engine>,
                       unstarted: &mut Vec<Vec<Dispatched>>,
                       pending: &mut HashMap<(usize, RequestId), Pending>,
                       busy_until: &[Option<(f64, crate::engine::StepOutput)>],
                       router: &mut dyn Route,
                       now: f64,
-                      next_rand: &mut dyn FnMut() -> u64| {
-        let (prompt, prefix) = next_prompt(client, answer, next_rand);
+                      next_rand: &mut dyn FnMut() -> u64|
+     -> bool {
+        let prompt = &held.prompt;
         let ctx = RouteContext {
-            prompt: &prompt,
-            prefix,
+            prompt,
+            prefix: held.prefix,
             placed,
             engines: engines.as_slice(),
             rest_of_step_ms: busy_until.iter().map(|b| b.as_ref().map_or(0.0, |(t, _)| t - now)).collect(),
@@ -482,6 +496,10 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
             random: next_rand(),
             now_ms: now,
         };
+        let idle = engines.iter().all(|e| !e.has_work());
+        if !router.admit(&ctx) && !idle {
+            return false;
+        }
         let e = router.choose(&ctx).min(engines.len() - 1);
         placed += 1;
         // The ledger counts what the router itself would count (the spoke's booking): blocks a
@@ -489,32 +507,44 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
         let uncached = (prompt.len() as u32).saturating_sub(ctx.cached_or_booked_tokens(e));
         let queued: u64 = unstarted[e].iter().map(|d| d.uncached_tokens).sum();
         let running = engines[e].stats().running;
-        let prompt = Arc::new(prompt);
+        let prompt = Arc::new(prompt.clone());
         let id = engines[e].add_request(prompt.to_vec(), spec.output_tokens);
         router.dispatched(e, id, &prompt, spec.output_tokens, now);
         let uncached_tokens = u64::from(uncached);
         unstarted[e].push(Dispatched { id, prompt, uncached_tokens, work_tokens: queued + uncached_tokens, running });
         pending.insert(
             (e, id),
-            Pending { client, answer: Vec::new(), arrived: now, first: None, last: now, itls: Vec::new() },
+            Pending {
+                client: held.client,
+                answer: Vec::new(),
+                arrived: held.arrived,
+                first: None,
+                last: now,
+                itls: Vec::new(),
+            },
         );
+        true
     };
+    // Requests arrived and not placed yet (a rule that paces its dispatches holds them),
+    // oldest first.
+    let mut held: VecDeque<Held> = VecDeque::new();
     // Every submission places one request with the same state; only the client and the
     // answer its next prompt carries differ.
-    macro_rules! submit {
-        ($client:expr, $answer:expr) => {
-            submit(
-                $client,
-                $answer,
-                &mut engines,
-                &mut unstarted,
-                &mut pending,
-                &busy_until,
-                router,
-                now,
-                &mut next_rand,
-            )
+    macro_rules! drain {
+        () => {
+            while held.front().is_some_and(|h| {
+                submit(h, &mut engines, &mut unstarted, &mut pending, &busy_until, router, now, &mut next_rand)
+            }) {
+                held.pop_front();
+            }
         };
+    }
+    macro_rules! submit {
+        ($client:expr, $answer:expr) => {{
+            let (prompt, prefix) = next_prompt($client, $answer, &mut next_rand);
+            held.push_back(Held { client: $client, prompt, prefix, arrived: now });
+            drain!();
+        }};
     }
     // Closed loop: each client's next request, due at a time (in time order: ramp-up starts,
     // then answers plus a constant think time), with the answer its prompt carries.
@@ -626,6 +656,8 @@ pub fn run(profile: &Profile, spec: &RunSpec, router: &mut dyn Route) -> Result<
                 }
             }
         }
+        // A step ended: a request held for pacing may go now.
+        drain!();
     }
     let (q, h, preemptions) = engines.iter().map(|e| e.counters()).fold((0u64, 0u64, 0u64), |(q, h, p), c| {
         (q + c.prefix_cache_queries, h + c.prefix_cache_hits, p + c.preemptions)

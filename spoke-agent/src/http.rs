@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
 use switchyard_core::fleet::DEFAULT_EXPECTED_OUTPUT_TOKENS;
+use switchyard_core::pacing;
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::replica::{Ended, EngineModel, Sent, median};
 use switchyard_core::request::WorkerKey;
@@ -53,6 +54,12 @@ use crate::registry::{Registry, WorkerRuntime};
 use crate::source::SourceStatus;
 use crate::tokenize::{Api, TokenizeError};
 use crate::topology::Topology;
+
+/// The longest a request waits at the spoke for dispatch pacing before it is sent to its
+/// worker anyway: pacing reorders a backlog, it does not refuse one.
+const MAX_HOLD: Duration = Duration::from_secs(60);
+/// A held request plans again at least this often, whatever it was woken by.
+const HOLD_RECHECK: Duration = Duration::from_millis(250);
 
 /// Decisions kept for `/debug/decisions/{id}`.
 const DECISION_LOG: usize = 2048;
@@ -116,6 +123,9 @@ pub struct App {
     pub source_status: Arc<Mutex<SourceStatus>>,
     /// CPU pool for tokenization.
     pub cpu: CpuPool,
+    /// Woken whenever a worker's ledger changes (a first token, an end): requests held by
+    /// dispatch pacing plan again.
+    pub dispatch_wakeup: tokio::sync::Notify,
 }
 
 /// The spoke as a gateway backend.
@@ -213,7 +223,7 @@ impl SpokeBackend {
     /// The planning half of routing, after tokenization: the KV-index lookup, the snapshot,
     /// the pure decision, the booking of the first choice and the ranked targets. It never
     /// awaits, so no request planned after it can miss its booking; it is what the routing
-    /// benchmark times (`benches/routing.rs`).
+    /// benchmark times (`benches/routing.rs`). Never holds (see [`SpokeBackend::route`]).
     pub fn place(
         &self,
         topo: &Topology,
@@ -221,6 +231,24 @@ impl SpokeBackend {
         sets: &[String],
         prompts: &[SetPrompt],
     ) -> Result<Routed, GatewayError> {
+        match self.plan_dispatch(topo, req, sets, prompts, false)? {
+            Placement::Send(routed) => Ok(routed),
+            // Not reached: a request that may not be held is never held.
+            Placement::Hold { .. } => Err(GatewayError::new(ErrorKind::Internal, "held", "the request was held")),
+        }
+    }
+
+    /// [`SpokeBackend::place`], or, when `may_hold` and the first choice's worker set paces its
+    /// dispatches and the worker does not take this prompt now ([`pacing`]), nothing booked
+    /// and the time to plan again.
+    fn plan_dispatch(
+        &self,
+        topo: &Topology,
+        req: &Arc<InferenceRequest>,
+        sets: &[String],
+        prompts: &[SetPrompt],
+        may_hold: bool,
+    ) -> Result<Placement, GatewayError> {
         let app = &self.0;
         let request_no = app.next_request.fetch_add(1, Ordering::Relaxed) + 1;
         let workers: Vec<Arc<WorkerRuntime>> =
@@ -329,6 +357,25 @@ impl SpokeBackend {
 
         let healthy = |k: &WorkerKey| workers.iter().any(|w| w.key == *k && w.load.healthy());
         let ranked = plan::ranked_workers(&decision, MAX_ATTEMPTS, healthy);
+        if may_hold
+            && let Some((key, _)) = ranked.first()
+            && let Some(ws) = topo.fleet.worker_sets.get(&*key.worker_set).filter(|ws| ws.paced)
+            && let Some(worker) = workers.iter().find(|w| w.key == *key)
+        {
+            let view = pacing::PacingView {
+                queued_prefill_tokens: worker.load.inflight_prefill_tokens.load(Ordering::Relaxed),
+                step_token_budget: ws.step_token_budget(),
+                reopens_at_ms: worker.load.reopens_at_ms(),
+            };
+            let own = per_set
+                .get(&*key.worker_set)
+                .map_or(0, |t| t.tokens as u64)
+                .saturating_sub(u64::from(cached.get(key).copied().unwrap_or(0)));
+            if !view.takes(own, now_ms) {
+                let gap_left = Duration::from_secs_f64(((view.reopens_at_ms - now_ms) / 1_000.0).max(0.0));
+                return Ok(Placement::Hold { recheck: gap_left.clamp(Duration::from_millis(1), HOLD_RECHECK) });
+            }
+        }
         let mut targets: Vec<Box<dyn Target>> = Vec::with_capacity(ranked.len());
         for (i, (key, served_model)) in ranked.into_iter().enumerate() {
             let (Some(worker), Some(set)) =
@@ -366,8 +413,16 @@ impl SpokeBackend {
         }
         let labels: Vec<String> = targets.iter().map(|t| t.label().to_owned()).collect();
         app.log_decision(trace(decision, labels));
-        Ok(Routed { targets, prompt_tokens, headers: Vec::new() })
+        Ok(Placement::Send(Routed { targets, prompt_tokens, headers: Vec::new() }))
     }
+}
+
+/// What planning a request came to.
+enum Placement {
+    /// Send it to these targets (the first one booked).
+    Send(Routed),
+    /// Dispatch pacing holds it: plan again when a ledger changes, or after `recheck`.
+    Hold { recheck: Duration },
 }
 
 impl Backend for SpokeBackend {
@@ -397,7 +452,33 @@ impl Backend for SpokeBackend {
                 prompts.push(prompt);
             }
         }
-        self.place(&topo, &req, &sets, &prompts)
+        // Dispatch pacing: plan, and while the chosen worker does not take the prompt, wait
+        // for a ledger change (or the pacing gap) and plan again, from fresh state each time.
+        let held_since = Instant::now();
+        let mut was_held = false;
+        loop {
+            let wakeup = app.dispatch_wakeup.notified();
+            tokio::pin!(wakeup);
+            // Registered before planning: a first token between the plan and the wait wakes it.
+            wakeup.as_mut().enable();
+            let may_hold = held_since.elapsed() < MAX_HOLD;
+            match self.plan_dispatch(&topo, &req, &sets, &prompts, may_hold)? {
+                Placement::Send(routed) => {
+                    if let Some(set) = routed.targets.first().and_then(|t| t.label().split_once('/')).map(|(s, _)| s) {
+                        let held = if was_held { held_since.elapsed().as_secs_f64() } else { 0.0 };
+                        app.metrics.observe(m::DISPATCH_HOLD_SECONDS, &[("worker_set", set)], held);
+                    }
+                    return Ok(routed);
+                }
+                Placement::Hold { recheck } => {
+                    was_held = true;
+                    tokio::select! {
+                        () = &mut wakeup => {}
+                        () = tokio::time::sleep(recheck) => {}
+                    }
+                }
+            }
+        }
     }
 
     fn ready(&self) -> bool {
@@ -515,7 +596,8 @@ impl Target for WorkerTarget {
         Dispatch {
             booking,
             observers: [
-                Box::new(LedgerObserver { ticket, worker: self.worker.clone() }) as Box<dyn Observer>,
+                Box::new(LedgerObserver { app: self.app.clone(), ticket, worker: self.worker.clone() })
+                    as Box<dyn Observer>,
                 Box::new(CalibrationObserver {
                     app: self.app.clone(),
                     worker_set: self.worker.key.worker_set.clone(),
@@ -614,15 +696,18 @@ impl Observer for ReplicaObserver {
     }
 }
 
-/// The in-flight ledger entry and worker health.
+/// The in-flight ledger entry, worker health and dispatch pacing.
 struct LedgerObserver {
+    app: Arc<App>,
     ticket: load::InflightTicket,
     worker: Arc<WorkerRuntime>,
 }
 
 impl Observer for LedgerObserver {
-    fn first_token(&mut self, _elapsed: Duration) {
+    fn first_token(&mut self, elapsed: Duration) {
         self.ticket.started();
+        self.worker.load.record_first_token(self.app.registry.now_ms(), elapsed.as_secs_f64() * 1_000.0);
+        self.app.dispatch_wakeup.notify_waiters();
     }
 
     fn end(&mut self, outcome: Outcome) {
@@ -630,6 +715,7 @@ impl Observer for LedgerObserver {
         if outcome == Outcome::ConnectFailed {
             self.worker.load.mark_unhealthy();
         }
+        self.app.dispatch_wakeup.notify_waiters();
     }
 }
 

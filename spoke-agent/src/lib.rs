@@ -166,6 +166,7 @@ impl Spoke {
             limits: cfg.limits.clone(),
             source_status: status,
             cpu: cpu.clone(),
+            dispatch_wakeup: tokio::sync::Notify::new(),
         });
         let (listener, addr) = bind(cfg.listen).await?;
         let (admin_listener, admin_addr) = bind(cfg.admin_listen).await?;

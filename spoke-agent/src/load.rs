@@ -45,6 +45,9 @@ pub struct WorkerLoad {
     pub inflight_prefill_tokens: AtomicU64,
     /// Requests dispatched and not finished.
     pub inflight_total: AtomicU64,
+    /// Dispatch pacing: the registry time (ms, as f64 bits) before which the worker takes no
+    /// long prefill ([`switchyard_core::pacing::reopens_at_ms`] of its last first token).
+    reopens_at_ms: AtomicU64,
 }
 
 impl Default for WorkerLoad {
@@ -57,6 +60,7 @@ impl Default for WorkerLoad {
             inflight_unstarted: AtomicU64::new(0),
             inflight_prefill_tokens: AtomicU64::new(0),
             inflight_total: AtomicU64::new(0),
+            reopens_at_ms: AtomicU64::new(0f64.to_bits()),
         }
     }
 }
@@ -80,6 +84,17 @@ impl WorkerLoad {
     /// Whether the worker is believed healthy.
     pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Dispatch pacing: when the worker takes the next long prefill (registry ms).
+    pub fn reopens_at_ms(&self) -> f64 {
+        f64::from_bits(self.reopens_at_ms.load(Ordering::Relaxed))
+    }
+
+    /// Records a first token at `now_ms` that came `wait_ms` after its dispatch.
+    pub fn record_first_token(&self, now_ms: f64, wait_ms: f64) {
+        let at = switchyard_core::pacing::reopens_at_ms(now_ms, wait_ms);
+        self.reopens_at_ms.store(at.to_bits(), Ordering::Relaxed);
     }
 
     /// Marks the worker down at once (a refused connection while proxying).

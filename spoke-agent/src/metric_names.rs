@@ -16,6 +16,9 @@ pub const DECISIONS_TOTAL: &str = "switchyard_spoke_decisions_total";
 pub const DECISION_SECONDS: &str = "switchyard_spoke_decision_seconds";
 /// Tokenization of a request's prompt before its routing decision, seconds, per worker set.
 pub const TOKENIZE_SECONDS: &str = "switchyard_spoke_tokenize_seconds";
+/// Time a planned request waited at the spoke for its worker (dispatch pacing), seconds, per
+/// worker set; 0 for a request sent at once.
+pub const DISPATCH_HOLD_SECONDS: &str = "switchyard_spoke_dispatch_hold_seconds";
 /// Observed time to first token through the spoke, seconds.
 pub const TTFT_SECONDS: &str = "switchyard_spoke_ttft_seconds";
 /// Absolute difference between the calibrated model's TTFT prediction and the observed TTFT.
@@ -95,6 +98,12 @@ pub const CATALOGUE: &[Spec] = {
         spec(
             TOKENIZE_SECONDS,
             "Tokenization of a prompt before its routing decision in seconds, per worker set",
+            Histogram,
+            Recorded,
+        ),
+        spec(
+            DISPATCH_HOLD_SECONDS,
+            "Time a planned request waited at the spoke for its worker (dispatch pacing) in seconds, per worker set",
             Histogram,
             Recorded,
         ),
