@@ -1,0 +1,98 @@
+"""`dispatchPacing: Paced` (the default): a long prompt waits at the spoke while its worker still
+has a prompt of the spoke's waiting for its first token that the two would not fit one step
+with, and is sent when that first token comes; `Immediate` sends every request at once."""
+
+import random
+import re
+import threading
+import time
+
+import httpx
+import openai
+
+from conftest import spoke_config
+
+WORDS = "model cache request token worker cluster policy route queue prompt latency region tenant batch stream event".split()
+# The reference engine at 1/20 speed: a 1,500-word prompt takes it tens of wall milliseconds.
+REFERENCE = ("--profile", "l40s-27b-fp8", "--time-scale", "0.05", "--num-gpu-blocks-override", "2000")
+# The step budget the spoke assumes: a 1,500-word prompt is longer, so two do not batch.
+BUDGET = ", maxNumSeqs: 64, maxNumBatchedTokens: 1024"
+
+
+def prompt(i, words=1500):
+    rng = random.Random(i)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def hold_histogram(spoke):
+    """(requests, requests held under 1 ms, seconds held in all) from the spoke's metrics."""
+    text = httpx.get(spoke.admin + "/metrics", timeout=5).text
+
+    def value(pattern):
+        m = re.search(pattern, text, re.M)
+        return float(m.group(1)) if m else None
+
+    count = value(r'^switchyard_spoke_dispatch_hold_seconds_count\{worker_set="local"\} (\S+)$')
+    fast = value(r'^switchyard_spoke_dispatch_hold_seconds_bucket\{worker_set="local",le="0\.001"\} (\S+)$')
+    total = value(r'^switchyard_spoke_dispatch_hold_seconds_sum\{worker_set="local"\} (\S+)$')
+    return count, fast, total
+
+
+def burst(spoke, n, words=1500):
+    """`n` streams sent at once to the spoke; each one's (sent, first token, done) wall times."""
+    client = openai.OpenAI(base_url=spoke.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    times, errors = {}, []
+    start = threading.Barrier(n)
+
+    def stream(i):
+        try:
+            start.wait()
+            sent = time.monotonic()
+            first = None
+            chunks = client.chat.completions.create(model="standard-model", stream=True, max_tokens=16,
+                                                    messages=[{"role": "user", "content": prompt(i, words)}])
+            for c in chunks:
+                if first is None and c.choices and c.choices[0].delta.content:
+                    first = time.monotonic()
+            times[i] = (sent, first, time.monotonic())
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return times
+
+
+def test_long_prompts_for_one_worker_are_sent_one_first_token_after_another(start_sim, start_spoke):
+    sim = start_sim(*REFERENCE, workers=1)
+    spoke = start_spoke(spoke_config([sim], capacity_extra=BUDGET))
+    times = burst(spoke, 4)
+    count, fast, total = hold_histogram(spoke)
+    assert count == 4, (count, fast, total)
+    # The first was sent at once; the other three waited for the one before them.
+    assert fast == 1, (count, fast, total)
+    assert total > 0
+    # Held in turn, the prompts reached their first tokens one after another, none together.
+    firsts = sorted(t[1] for t in times.values())
+    assert all(b - a > 0.005 for a, b in zip(firsts, firsts[1:])), firsts
+    # Every one of them reached the engine and finished there.
+    assert httpx.get(sim.workers[0]["url"] + "/sim/state", timeout=5).json()["finished"] == 4
+
+
+def test_short_prompts_are_never_held_and_immediate_holds_nothing(start_sim, start_spoke):
+    sim = start_sim(*REFERENCE, workers=1)
+    # Short prompts fit one step together: no hold.
+    spoke = start_spoke(spoke_config([sim], capacity_extra=", maxNumBatchedTokens: 8192"))
+    burst(spoke, 4, words=60)
+    count, fast, _ = hold_histogram(spoke)
+    assert (count, fast) == (4, 4)
+    spoke.stop()
+
+    immediate = start_spoke(spoke_config([sim], capacity_extra=BUDGET, worker_set_extra="  dispatchPacing: Immediate\n"))
+    burst(immediate, 4)
+    count, fast, _ = hold_histogram(immediate)
+    assert (count, fast) == (4, 4)
