@@ -83,13 +83,16 @@ def test_long_prompts_for_one_worker_are_sent_one_first_token_after_another(star
     assert httpx.get(sim.workers[0]["url"] + "/sim/state", timeout=5).json()["finished"] == 4
 
 
-def test_short_prompts_are_never_held_and_immediate_holds_nothing(start_sim, start_spoke):
+def test_short_prompts_wait_only_for_the_gap_and_immediate_holds_nothing(start_sim, start_spoke):
     sim = start_sim(*REFERENCE, workers=1)
-    # Short prompts fit one step together: no hold.
+    # Short prompts fit one step together: none waits for another's first token, only (at
+    # most) for the gap after one, 8 % of a short wait.
     spoke = start_spoke(spoke_config([sim], capacity_extra=", maxNumBatchedTokens: 8192"))
-    burst(spoke, 4, words=60)
-    count, fast, _ = hold_histogram(spoke)
-    assert (count, fast) == (4, 4)
+    times = burst(spoke, 4, words=60)
+    count, _, total = hold_histogram(spoke)
+    assert count == 4
+    slowest_first_token = max(t[1] - t[0] for t in times.values())
+    assert total < 0.08 * slowest_first_token * 4 + 0.01, (total, slowest_first_token)
     spoke.stop()
 
     immediate = start_spoke(spoke_config([sim], capacity_extra=BUDGET, worker_set_extra="  dispatchPacing: Immediate\n"))
