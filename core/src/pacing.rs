@@ -46,9 +46,15 @@ impl PacingView {
     /// Whether a request with `own_prefill_tokens` uncached prompt tokens is sent to the worker
     /// at `now_ms` (otherwise it waits at the router and is planned again).
     pub fn takes(&self, own_prefill_tokens: u64, now_ms: f64) -> bool {
-        let batches = self.queued_prefill_tokens == 0
-            || self.queued_prefill_tokens + own_prefill_tokens <= u64::from(self.step_token_budget);
-        batches && now_ms >= self.reopens_at_ms
+        self.batches(own_prefill_tokens) && now_ms >= self.reopens_at_ms
+    }
+
+    /// Whether the prompt would batch with the ones still waiting for their first token on the
+    /// worker (the first rule). A request held while this is false waits for a first token on
+    /// the worker, not for the clock: only then can the answer change.
+    pub fn batches(&self, own_prefill_tokens: u64) -> bool {
+        self.queued_prefill_tokens == 0
+            || self.queued_prefill_tokens + own_prefill_tokens <= u64::from(self.step_token_budget)
     }
 }
 
@@ -77,6 +83,15 @@ mod tests {
         assert!(view(700, 0.0).takes(256, 10.0));
         assert!(view(4096, 0.0).takes(4096, 10.0));
         assert!(!view(4096, 0.0).takes(4097, 10.0));
+    }
+
+    #[test]
+    fn a_hold_says_whether_it_waits_for_a_first_token_or_for_the_clock() {
+        // Behind a long prompt, only its first token can release the next long one.
+        assert!(!view(16_256, 0.0).batches(16_256));
+        // In the gap alone, the prompt batches and the clock releases it.
+        let in_gap = view(0, 500.0);
+        assert!(in_gap.batches(16_256) && !in_gap.takes(16_256, 499.0) && in_gap.takes(16_256, 500.0));
     }
 
     #[test]

@@ -38,8 +38,15 @@ def hold_histogram(spoke):
     return count, fast, total
 
 
-def burst(spoke, n, words=1500):
-    """`n` streams sent at once to the spoke; each one's (sent, first token, done) wall times."""
+def held_now(spoke):
+    text = httpx.get(spoke.admin + "/metrics", timeout=5).text
+    m = re.search(r'^switchyard_spoke_dispatch_held\{worker_set="local"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def burst(spoke, n, words=1500, stagger=0.0):
+    """`n` streams sent to the spoke at once (or the i-th `stagger` × i seconds after the first);
+    each one's (sent, first token, done) wall times."""
     client = openai.OpenAI(base_url=spoke.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     times, errors = {}, []
     start = threading.Barrier(n)
@@ -47,6 +54,7 @@ def burst(spoke, n, words=1500):
     def stream(i):
         try:
             start.wait()
+            time.sleep(stagger * i)
             sent = time.monotonic()
             first = None
             chunks = client.chat.completions.create(model="standard-model", stream=True, max_tokens=16,
@@ -81,6 +89,27 @@ def test_long_prompts_for_one_worker_are_sent_one_first_token_after_another(star
     assert all(b - a > 0.005 for a, b in zip(firsts, firsts[1:])), firsts
     # Every one of them reached the engine and finished there.
     assert httpx.get(sim.workers[0]["url"] + "/sim/state", timeout=5).json()["finished"] == 4
+
+
+def test_prompts_held_for_one_worker_reach_it_oldest_first(start_sim, start_spoke):
+    # At full speed a long prompt's prefill outlasts the arrivals of all the others, 100 ms
+    # apart (far more than a Python client's send jitter), so all but the first are held.
+    sim = start_sim("--profile", "l40s-27b-fp8", "--time-scale", "1", "--num-gpu-blocks-override", "2000", workers=1)
+    spoke = start_spoke(spoke_config([sim], capacity_extra=BUDGET))
+    burst(spoke, 1, words=20)  # a warm tokenizer: the first prompt is not slowed at the spoke
+    times = burst(spoke, 6, stagger=0.1)
+    count, fast, _ = hold_histogram(spoke)
+    assert count == 7 and fast <= 3, (count, fast)
+    # Held in one line, they were sent in the order they arrived: first tokens in that order.
+    by_first_token = sorted(times, key=lambda i: times[i][1])
+    assert by_first_token == sorted(times, key=lambda i: times[i][0]), times
+    # Nobody is left in the line.
+    assert held_now(spoke) == 0
+    # A held request plans again when a change reaches it in line, not on a clock: a few
+    # decisions per request, however long it waited (a millisecond poll made thousands).
+    decisions = float(re.search(r"^switchyard_spoke_decision_seconds_count (\S+)$",
+                                httpx.get(spoke.admin + "/metrics", timeout=5).text, re.M).group(1))
+    assert decisions <= 5 * count, (decisions, count)
 
 
 def test_short_prompts_wait_only_for_the_gap_and_immediate_holds_nothing(start_sim, start_spoke):

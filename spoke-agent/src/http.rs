@@ -58,8 +58,12 @@ use crate::topology::Topology;
 /// The longest a request waits at the spoke for dispatch pacing before it is sent to its
 /// worker anyway: pacing reorders a backlog, it does not refuse one.
 const MAX_HOLD: Duration = Duration::from_secs(60);
-/// A held request plans again at least this often, whatever it was woken by.
+/// The oldest request held for a worker plans again at least this often, whatever it was
+/// woken by (the pacing gap may end sooner).
 const HOLD_RECHECK: Duration = Duration::from_millis(250);
+/// Requests held behind it plan again when a sweep reaches them, and at least this often: a
+/// safety net (see [`crate::hold`]), seldom enough not to overtake the oldest.
+const HOLD_BEHIND_RECHECK: Duration = Duration::from_secs(1);
 
 /// Decisions kept for `/debug/decisions/{id}`.
 const DECISION_LOG: usize = 2048;
@@ -123,9 +127,9 @@ pub struct App {
     pub source_status: Arc<Mutex<SourceStatus>>,
     /// CPU pool for tokenization.
     pub cpu: CpuPool,
-    /// Woken whenever a worker's ledger changes (a first token, an end): requests held by
-    /// dispatch pacing plan again.
-    pub dispatch_wakeup: tokio::sync::Notify,
+    /// Requests held by dispatch pacing, in line per worker set; a worker's ledger change (a
+    /// first token, an end) wakes the ones it concerns.
+    pub holds: crate::hold::HoldLines,
 }
 
 /// The spoke as a gateway backend.
@@ -372,8 +376,15 @@ impl SpokeBackend {
                 .map_or(0, |t| t.tokens as u64)
                 .saturating_sub(u64::from(cached.get(key).copied().unwrap_or(0)));
             if !view.takes(own, now_ms) {
-                let gap_left = Duration::from_secs_f64(((view.reopens_at_ms - now_ms) / 1_000.0).max(0.0));
-                return Ok(Placement::Hold { recheck: gap_left.clamp(Duration::from_millis(1), HOLD_RECHECK) });
+                // Held behind a prompt still waiting for its first token, it is woken by that
+                // first token; only a hold for the gap alone ends by the clock.
+                let recheck = if view.batches(own) {
+                    let gap_left = Duration::from_secs_f64(((view.reopens_at_ms - now_ms) / 1_000.0).max(0.0));
+                    gap_left.clamp(Duration::from_millis(1), HOLD_RECHECK)
+                } else {
+                    HOLD_RECHECK
+                };
+                return Ok(Placement::Hold { worker: key.clone(), recheck });
             }
         }
         let mut targets: Vec<Box<dyn Target>> = Vec::with_capacity(ranked.len());
@@ -421,8 +432,9 @@ impl SpokeBackend {
 enum Placement {
     /// Send it to these targets (the first one booked).
     Send(Routed),
-    /// Dispatch pacing holds it: plan again when a ledger changes, or after `recheck`.
-    Hold { recheck: Duration },
+    /// Dispatch pacing holds it for `worker`: plan again when woken (see [`crate::hold`]), or
+    /// after `recheck` if it is the oldest held for that worker.
+    Hold { worker: WorkerKey, recheck: Duration },
 }
 
 impl Backend for SpokeBackend {
@@ -452,30 +464,28 @@ impl Backend for SpokeBackend {
                 prompts.push(prompt);
             }
         }
-        // Dispatch pacing: plan, and while the chosen worker does not take the prompt, wait
-        // for a ledger change (or the pacing gap) and plan again, from fresh state each time.
+        // Dispatch pacing: plan, and while the chosen worker does not take the prompt, wait in
+        // line for a change on it (or the pacing gap) and plan again, from fresh state.
         let held_since = Instant::now();
-        let mut was_held = false;
+        let mut place: Option<crate::hold::HoldPlace<'_>> = None;
+        let mut sweeps = Vec::new();
         loop {
-            let wakeup = app.dispatch_wakeup.notified();
-            tokio::pin!(wakeup);
-            // Registered before planning: a first token between the plan and the wait wakes it.
-            wakeup.as_mut().enable();
             let may_hold = held_since.elapsed() < MAX_HOLD;
             match self.plan_dispatch(&topo, &req, &sets, &prompts, may_hold)? {
                 Placement::Send(routed) => {
+                    let held = if place.is_some() { held_since.elapsed().as_secs_f64() } else { 0.0 };
+                    if let Some(place) = place {
+                        place.leave(&sweeps);
+                    }
                     if let Some(set) = routed.targets.first().and_then(|t| t.label().split_once('/')).map(|(s, _)| s) {
-                        let held = if was_held { held_since.elapsed().as_secs_f64() } else { 0.0 };
                         app.metrics.observe(m::DISPATCH_HOLD_SECONDS, &[("worker_set", set)], held);
                     }
                     return Ok(routed);
                 }
-                Placement::Hold { recheck } => {
-                    was_held = true;
-                    tokio::select! {
-                        () = &mut wakeup => {}
-                        () = tokio::time::sleep(recheck) => {}
-                    }
+                Placement::Hold { worker, recheck } => {
+                    let place = place.get_or_insert_with(|| app.holds.place());
+                    let oldest = place.hold_for(&worker.worker_set, &worker.worker, &sweeps);
+                    sweeps = place.wait(if oldest { recheck } else { HOLD_BEHIND_RECHECK }).await;
                 }
             }
         }
@@ -707,7 +717,7 @@ impl Observer for LedgerObserver {
     fn first_token(&mut self, elapsed: Duration) {
         self.ticket.started();
         self.worker.load.record_first_token(self.app.registry.now_ms(), elapsed.as_secs_f64() * 1_000.0);
-        self.app.dispatch_wakeup.notify_waiters();
+        self.app.holds.changed(&self.worker.key.worker_set, &self.worker.key.worker);
     }
 
     fn end(&mut self, outcome: Outcome) {
@@ -715,7 +725,7 @@ impl Observer for LedgerObserver {
         if outcome == Outcome::ConnectFailed {
             self.worker.load.mark_unhealthy();
         }
-        self.app.dispatch_wakeup.notify_waiters();
+        self.app.holds.changed(&self.worker.key.worker_set, &self.worker.key.worker);
     }
 }
 
@@ -955,9 +965,13 @@ async fn metrics(State(app): State<Shared>) -> Response {
             gauges.push((m::KV_EVENT_LAG_SECONDS, l, now_ms.saturating_sub(last) as f64 / 1000.0));
         }
     }
+    let held = app.holds.held();
     for s in app.registry.sets() {
         let mode = s.guard.lock().map(|g| g.mode()).unwrap_or(Mode::Exact);
-        gauges.push((m::FIDELITY_MODE, labels(&[("worker_set", &s.config.name)]), f64::from(mode.as_gauge())));
+        let set = labels(&[("worker_set", &s.config.name)]);
+        gauges.push((m::FIDELITY_MODE, set.clone(), f64::from(mode.as_gauge())));
+        let held = held.iter().find(|(name, _)| **name == *s.config.name).map_or(0, |(_, n)| *n);
+        gauges.push((m::DISPATCH_HELD, set, held as f64));
     }
     gauges.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     counters.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));

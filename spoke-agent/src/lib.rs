@@ -10,6 +10,7 @@
 pub mod calibration;
 pub mod cli_args;
 pub mod fidelity;
+pub mod hold;
 pub mod http;
 pub mod index;
 pub mod kv_subscriber;
@@ -166,7 +167,7 @@ impl Spoke {
             limits: cfg.limits.clone(),
             source_status: status,
             cpu: cpu.clone(),
-            dispatch_wakeup: tokio::sync::Notify::new(),
+            holds: hold::HoldLines::default(),
         });
         let (listener, addr) = bind(cfg.listen).await?;
         let (admin_listener, admin_addr) = bind(cfg.admin_listen).await?;

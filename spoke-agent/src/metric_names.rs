@@ -31,6 +31,8 @@ pub const ACTUAL_CACHED_TOKENS_TOTAL: &str = "switchyard_spoke_actual_cached_tok
 pub const PROMPT_TOKEN_MISMATCH_TOTAL: &str = "switchyard_spoke_prompt_token_mismatch_total";
 /// Fidelity mode per worker set: 0 EXACT, 1 DEGRADED, 2 FALLBACK.
 pub const FIDELITY_MODE: &str = "switchyard_spoke_fidelity_mode";
+/// Requests held at the spoke by dispatch pacing now, per worker set.
+pub const DISPATCH_HELD: &str = "switchyard_spoke_dispatch_held";
 /// Blocks in the KV index, per worker.
 pub const INDEX_BLOCKS: &str = "switchyard_spoke_kv_index_blocks";
 /// KV event batches applied, per worker.
@@ -123,6 +125,7 @@ pub const CATALOGUE: &[Spec] = {
             Recorded,
         ),
         spec(FIDELITY_MODE, "Fidelity mode per worker set: 0 EXACT, 1 DEGRADED, 2 FALLBACK", Gauge, Scraped),
+        spec(DISPATCH_HELD, "Requests held at the spoke by dispatch pacing now, per worker set", Gauge, Scraped),
         spec(INDEX_BLOCKS, "Blocks in the KV index, per worker", Gauge, Scraped),
         spec(KV_BATCHES_TOTAL, "KV event batches applied, per worker", Counter, Scraped),
         spec(KV_GAPS_TOTAL, "KV event sequence gaps detected, per worker", Counter, Scraped),
