@@ -232,10 +232,9 @@ mod tests {
         for p in &mut places {
             p.hold_for(&set, &a, &[]);
         }
-        let mut places = places.into_iter();
-        let (oldest, next, last) = (places.next().unwrap(), places.next().unwrap(), places.next().unwrap());
+        let [oldest, next, last] = <[_; 3]>::try_from(places).ok().expect("three places");
         lines.changed("s", &a);
-        let sweeps = woken(&oldest).await.unwrap();
+        let sweeps = woken(&oldest).await.expect("the oldest is swept first");
         oldest.leave(&sweeps);
         assert_eq!(woken(&next).await, Some(vec![a.clone()]));
         assert_eq!(lines.held(), vec![(set.clone(), 2)]);
