@@ -19,7 +19,7 @@
 //! inputs always give the same decision; a provider is only chosen when no local candidate
 //! survived; a `pii` request is never routed to an external provider.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
@@ -204,13 +204,12 @@ impl Candidate {
         self.target.to_string()
     }
 
-    /// The bytes of [`Candidate::label`], without building the string.
-    fn label_bytes(&self) -> impl Iterator<Item = u8> + '_ {
-        let (kind, a, b) = match &self.target {
-            Target::Worker { worker_set, worker, .. } => ("worker ", &**worker_set, &**worker),
-            Target::Provider { provider, model, .. } => ("provider ", provider.as_str(), model.as_str()),
-        };
-        kind.bytes().chain(a.bytes()).chain(std::iter::once(b'/')).chain(b.bytes())
+    /// The pieces of [`Candidate::label`], without building the string.
+    fn label_parts(&self) -> [&str; 4] {
+        match &self.target {
+            Target::Worker { worker_set, worker, .. } => ["worker ", worker_set, "/", worker],
+            Target::Provider { provider, model, .. } => ["provider ", provider, "/", model],
+        }
     }
 }
 
@@ -352,6 +351,7 @@ fn gather(
                 continue;
             }
             seen_sets.push(&ws.name);
+            local.reserve(ws.workers.len());
             for worker in &ws.workers {
                 let key = WorkerKey { worker_set: ws.name.clone(), worker: worker.clone() };
                 let state = snapshot.worker(&key);
@@ -554,31 +554,42 @@ fn prefer_model(local: &mut Vec<Candidate>, model: &str, unless_cached_sooner: b
     (detail, removed)
 }
 
-/// Sorts best first: by the objective, then the other objective, then a per-request hash so
-/// equal candidates spread across requests.
-fn rank(cands: &mut Vec<Candidate>, objective: Objective, tie_breaker: u64) {
-    // Sorts small keys, not candidates: keys are computed once per candidate, labels are
-    // compared (byte for byte, never built) only between otherwise equal candidates, and
-    // each candidate moves once.
-    let mut order: Vec<((f64, f64), u64, usize)> = cands
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let key = match objective {
-                Objective::PredictedTtft => (c.score_ms, c.estimated_cost_usd),
-                Objective::Cost => (c.estimated_cost_usd, c.score_ms),
-            };
-            (key, mix(tie_breaker, c.label_bytes()), i)
-        })
-        .collect();
-    order.sort_by(|(a, am, ai), (b, bm, bi)| {
-        a.0.total_cmp(&b.0)
-            .then_with(|| a.1.total_cmp(&b.1))
-            .then_with(|| am.cmp(bm))
-            .then_with(|| cands[*ai].label_bytes().cmp(cands[*bi].label_bytes()))
+/// Sorts best first: by the objective, then the other objective, then a per-request hash of
+/// the label so equal candidates spread across requests; candidates equal in all three (a
+/// hash collision) keep the configuration's order.
+fn rank(cands: &mut [Candidate], objective: Objective, tie_breaker: u64) {
+    // A key per candidate, computed once; the candidates themselves are permuted in place.
+    cands.sort_by_cached_key(|c| {
+        let (first, second) = match objective {
+            Objective::PredictedTtft => (c.score_ms, c.estimated_cost_usd),
+            Objective::Cost => (c.estimated_cost_usd, c.score_ms),
+        };
+        (total_order(first), total_order(second), mix(tie_breaker, c.label_parts()))
     });
-    let mut slots: Vec<Option<Candidate>> = cands.drain(..).map(Some).collect();
-    cands.extend(order.iter().filter_map(|(_, _, i)| slots[*i].take()));
+}
+
+/// `x` with `decimals` digits after the point, as `{:.N}` writes it (up to the last digit of a
+/// value whose scaled product rounds apart from its decimal expansion), in integer arithmetic
+/// for the values a trace shows (float formatting at fixed precision falls back to slow
+/// exact arithmetic for many of them, on every routed request).
+fn write_fixed(out: &mut String, x: f64, decimals: u32) {
+    let scale = 10u64.pow(decimals);
+    let scaled = (x * scale as f64).round_ties_even();
+    if !(0.0..1e15).contains(&scaled) {
+        let _ = write!(out, "{x:.prec$}", prec = decimals as usize);
+        return;
+    }
+    let scaled = scaled as u64;
+    let _ = write!(out, "{}", scaled / scale);
+    if decimals > 0 {
+        let _ = write!(out, ".{:0width$}", scaled % scale, width = decimals as usize);
+    }
+}
+
+/// `x` as an integer whose order is [`f64::total_cmp`]'s.
+fn total_order(x: f64) -> i64 {
+    let bits = x.to_bits() as i64;
+    bits ^ ((((bits >> 63) as u64) >> 1) as i64)
 }
 
 fn rank_entry(ranked: &[Candidate], objective: Objective) -> TraceEntry {
@@ -586,41 +597,47 @@ fn rank_entry(ranked: &[Candidate], objective: Objective) -> TraceEntry {
         Objective::PredictedTtft => "PredictedTTFT",
         Objective::Cost => "Cost",
     };
-    let shown: Vec<String> = ranked
-        .iter()
-        .take(5)
-        .map(|c| {
-            format!(
-                "{} ({:.0} ms, ${:.6}, {} cached)",
-                c.label(),
-                c.predicted_ttft.total_ms,
-                c.estimated_cost_usd,
-                c.cached_tokens
-            )
-        })
-        .collect();
-    let more = if ranked.len() > 5 { format!(", ... {} more", ranked.len() - 5) } else { String::new() };
-    entry("rank", format!("minimize {objective}: {}{more}", shown.join(" > ")))
+    // One string written in place: this runs on every routed request.
+    let mut detail = format!("minimize {objective}: ");
+    for (i, c) in ranked.iter().take(5).enumerate() {
+        let sep = if i == 0 { "" } else { " > " };
+        let _ = write!(detail, "{sep}{} (", c.target);
+        write_fixed(&mut detail, c.predicted_ttft.total_ms, 0);
+        detail.push_str(" ms, $");
+        write_fixed(&mut detail, c.estimated_cost_usd, 6);
+        let _ = write!(detail, ", {} cached)", c.cached_tokens);
+    }
+    if ranked.len() > 5 {
+        let _ = write!(detail, ", ... {} more", ranked.len() - 5);
+    }
+    entry("rank", detail)
 }
 
-/// FNV-1a over the label, seeded: a stable, cheap tie-break order per request.
-fn mix(seed: u64, label: impl Iterator<Item = u8>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
-    for b in label {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// The label's hash under `seed`: a stable, cheap tie-break order per request. The label is
+/// hashed a word at a time, then with the seed through a full-avalanche finaliser
+/// (MurmurHash3's `fmix64`), so each request orders equal candidates independently.
+fn mix(seed: u64, label: [&str; 4]) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = rustc_hash::FxHasher::default();
+    for part in label {
+        hasher.write(part.as_bytes());
     }
-    h
+    let mut h = hasher.finish() ^ seed;
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn label_bytes_are_the_label() {
-        let worker = Candidate {
-            target: Target::Worker { worker_set: "gpu-a".into(), worker: "w-1".into(), served_model: "m".into() },
+    /// An idle worker of set `set` whose predicted TTFT (and score) is `ttft_ms`.
+    fn worker(set: &str, name: &str, ttft_ms: f64) -> Candidate {
+        Candidate {
+            target: Target::Worker { worker_set: set.into(), worker: name.into(), served_model: "m".into() },
             public_model: "m".into(),
             pool: "p".into(),
             external: false,
@@ -629,10 +646,15 @@ mod tests {
             running_requests: 0,
             kv_cache_usage_percent: 0.0,
             cached_tokens: 0,
-            predicted_ttft: TtftPrediction { total_ms: 0.0, queue_ms: 0.0, prefill_ms: 0.0 },
-            score_ms: 0.0,
+            predicted_ttft: TtftPrediction { total_ms: ttft_ms, queue_ms: 0.0, prefill_ms: ttft_ms },
+            score_ms: ttft_ms,
             estimated_cost_usd: 0.0,
-        };
+        }
+    }
+
+    #[test]
+    fn label_parts_are_the_label() {
+        let worker = worker("gpu-a", "w-1", 0.0);
         let provider = Candidate {
             target: Target::Provider {
                 provider: "bedrock".into(),
@@ -642,9 +664,61 @@ mod tests {
             ..worker.clone()
         };
         for c in [&worker, &provider] {
-            assert_eq!(c.label_bytes().collect::<Vec<u8>>(), c.label().into_bytes());
-            assert_eq!(mix(7, c.label_bytes()), mix(7, c.label().bytes()));
+            assert_eq!(c.label_parts().concat(), c.label());
         }
-        assert_ne!(mix(7, worker.label_bytes()), mix(8, worker.label_bytes()));
+        assert_ne!(mix(7, worker.label_parts()), mix(8, worker.label_parts()));
+        assert_ne!(mix(7, worker.label_parts()), mix(7, provider.label_parts()));
+    }
+
+    #[test]
+    fn the_ordering_key_orders_as_total_cmp() {
+        let xs = [f64::NEG_INFINITY, -1e300, -2.5, -0.0, 0.0, 1e-300, 3.0, 7.25e9, f64::INFINITY, f64::NAN];
+        for a in xs {
+            for b in xs {
+                assert_eq!(total_order(a).cmp(&total_order(b)), a.total_cmp(&b), "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn equal_candidates_take_turns_first_across_requests() {
+        let cands: Vec<Candidate> = (0..8).map(|i| worker("s", &format!("w{i}"), 5.0)).collect();
+        let seed = |request_no: u64| request_no.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut firsts = std::collections::BTreeMap::<String, u32>::new();
+        for request_no in 0..8_000u64 {
+            let mut ranked = cands.clone();
+            rank(&mut ranked, Objective::PredictedTtft, seed(request_no));
+            *firsts.entry(ranked[0].label()).or_default() += 1;
+            let mut again = cands.clone();
+            rank(&mut again, Objective::PredictedTtft, seed(request_no));
+            assert_eq!(ranked, again, "the same request ranks the same way");
+        }
+        // Each of 8 equal workers is first for about 1,000 of 8,000 requests.
+        assert_eq!(firsts.len(), 8);
+        assert!(firsts.values().all(|n| (850..1_150).contains(n)), "{firsts:?}");
+        // A strictly better candidate is first whatever the seed.
+        let mut better = cands.clone();
+        better[5].score_ms = 4.0;
+        for request_no in 0..100 {
+            let mut ranked = better.clone();
+            rank(&mut ranked, Objective::PredictedTtft, seed(request_no));
+            assert_eq!(ranked[0].label(), "worker s/w5");
+        }
+    }
+
+    #[test]
+    fn fixed_point_writing_matches_the_formatter() {
+        for x in [0.0, 0.4, 0.5, 0.6, 1.0, 2.5, 12.34e-6, 0.000_123_4, 2.718_4, 1_234.000_000_4, 98_765.432_1] {
+            for decimals in [0, 6] {
+                let mut out = String::new();
+                write_fixed(&mut out, x, decimals);
+                assert_eq!(out, format!("{x:.prec$}", prec = decimals as usize), "{x} at {decimals}");
+            }
+        }
+        for x in [-2.5, f64::INFINITY, f64::NAN, 1e300] {
+            let mut out = String::new();
+            write_fixed(&mut out, x, 6);
+            assert_eq!(out, format!("{x:.6}"));
+        }
     }
 }

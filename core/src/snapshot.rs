@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::predictor::TtftModel;
@@ -15,8 +16,9 @@ use crate::request::WorkerKey;
 /// State of the fleet as of one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FleetSnapshot {
-    /// Per-worker engine state.
-    pub workers: BTreeMap<WorkerKey, WorkerState>,
+    /// Per-worker engine state. Probed once per candidate on every decision: FxHash, not a
+    /// tree of string comparisons; nothing depends on its iteration order.
+    pub workers: FxHashMap<WorkerKey, WorkerState>,
     /// Provider availability; providers not listed are assumed available.
     pub providers: BTreeMap<String, ProviderState>,
 }

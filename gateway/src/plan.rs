@@ -53,7 +53,6 @@ pub fn worker_state(v: &WorkerView) -> WorkerState {
 
 /// A snapshot of `workers`.
 pub fn snapshot(workers: impl IntoIterator<Item = (WorkerKey, WorkerView)>) -> FleetSnapshot {
-    // Collecting builds the map in bulk from sorted keys instead of one insertion at a time.
     FleetSnapshot {
         workers: workers.into_iter().map(|(key, view)| (key, worker_state(&view))).collect(),
         ..FleetSnapshot::default()

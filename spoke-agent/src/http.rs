@@ -30,14 +30,14 @@ use axum::routing::get;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
+use switchyard_core::Name;
 use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
-use switchyard_core::fleet::DEFAULT_EXPECTED_OUTPUT_TOKENS;
+use switchyard_core::fleet::{DEFAULT_EXPECTED_OUTPUT_TOKENS, WorkerSet};
 use switchyard_core::pacing;
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::replica::{Ended, EngineModel, Sent, median};
 use switchyard_core::request::WorkerKey;
 use switchyard_core::resolve;
-use switchyard_core::{FleetConfig, Name};
 use switchyard_gateway::admission::CpuPool;
 use switchyard_gateway::observe::{Booking, Dispatch, Observer, Outcome, Release};
 use switchyard_gateway::server::ServeConfig;
@@ -304,12 +304,18 @@ impl SpokeBackend {
         }
         let now_ms = app.registry.now_ms();
         let cached = &features.cached_tokens;
-        let ttft: FxHashMap<&str, Option<TtftModel>> = sets
+        // Per worker set, once: its calibrated TTFT model and, if it replicates its engines, its
+        // config (the replicas' shape).
+        let set_models: FxHashMap<&str, (Option<TtftModel>, Option<&WorkerSet>)> = sets
             .iter()
-            .map(|s| (s.as_str(), app.registry.set(s).and_then(|rt| rt.calibration.lock().ok().map(|c| c.model()))))
+            .map(|s| {
+                let ttft = app.registry.set(s).and_then(|rt| rt.calibration.lock().ok().map(|c| c.model()));
+                (s.as_str(), (ttft, topo.fleet.worker_sets.get(s).filter(|ws| ws.replicate_engines)))
+            })
             .collect();
         let snapshot = plan::snapshot(workers.iter().map(|w| {
-            (w.key.clone(), worker_view(w, &topo.fleet, ttft.get(&*w.key.worker_set).copied().flatten(), now_ms))
+            let (ttft, replicated) = set_models.get(&*w.key.worker_set).copied().unwrap_or((None, None));
+            (w.key.clone(), worker_view(w, replicated, ttft, now_ms))
         }));
         let started = Instant::now();
         let decision = plan::plan(&topo.fleet, &snapshot, &features);
@@ -506,12 +512,16 @@ impl Backend for SpokeBackend {
 }
 
 /// What the spoke knows about one worker when it plans.
-fn worker_view(w: &WorkerRuntime, fleet: &FleetConfig, ttft: Option<TtftModel>, now_ms: f64) -> plan::WorkerView {
+fn worker_view(
+    w: &WorkerRuntime,
+    replicated: Option<&WorkerSet>,
+    ttft: Option<TtftModel>,
+    now_ms: f64,
+) -> plan::WorkerView {
     let (engine, _) = w.load.engine();
-    let outlook = w.model.lock().ok().and_then(|mut model| {
-        if model.is_none()
-            && let Some(ws) = fleet.worker_sets.get(&*w.key.worker_set)
-        {
+    let outlook = replicated.and_then(|ws| {
+        let mut model = w.model.lock().ok()?;
+        if model.is_none() {
             // Once the engine has reported its KV capacity, the worker is replicated.
             *model = ws.engine_model(engine.num_gpu_blocks);
         }
@@ -819,12 +829,12 @@ pub(crate) struct DecisionTrace {
 
 impl App {
     fn log_decision(&self, trace: DecisionTrace) {
-        if let Ok(mut log) = self.decisions.lock() {
+        // The oldest trace is dropped after the lock is released: other requests wait only
+        // for the push.
+        let _evicted = self.decisions.lock().ok().and_then(|mut log| {
             log.push_back(trace);
-            while log.len() > DECISION_LOG {
-                log.pop_front();
-            }
-        }
+            if log.len() > DECISION_LOG { log.pop_front() } else { None }
+        });
     }
 }
 

@@ -63,8 +63,8 @@ pub struct SetRuntime {
 
 #[derive(Default)]
 struct State {
-    /// Ordered by key: [`Registry::workers`] hands planning its workers sorted, which is the
-    /// order the snapshot's map is built in.
+    /// Ordered by key: [`Registry::workers`] lists them in a stable order (status pages, the
+    /// metrics endpoint, tests).
     workers: BTreeMap<WorkerKey, Arc<WorkerRuntime>>,
     sets: HashMap<String, Arc<SetRuntime>>,
     next_id: WorkerId,
