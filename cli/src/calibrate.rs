@@ -255,6 +255,8 @@ impl SpokeRoute {
                 serde_json::to_value(pacing).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
             ),
             backend_spec: "",
+            pool_members: "",
+            extra_documents: "",
         }
         .yaml();
         let checked = switchyard_config::check_texts([("calibrate.yaml", yaml.as_str())]);
@@ -314,6 +316,7 @@ impl Route for SpokeRoute {
                 kv_usage: stats.kv_usage,
                 unstarted_requests: unstarted,
                 unstarted_prefill_tokens: unstarted_tokens,
+                held_requests: 0,
                 ttft: Some(self.calibration.model()),
                 outlook: self.models.get(i).map(|m| m.outlook(ctx.now_ms)),
             });

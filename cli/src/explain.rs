@@ -169,6 +169,7 @@ fn build_snapshot(
                 kv_cache_usage_percent: w.kv_cache_usage_percent,
                 ttft: None,
                 outlook: None,
+                held_requests: 0,
             },
         );
         if w.cached_prefix_tokens > 0 {

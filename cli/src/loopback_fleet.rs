@@ -16,12 +16,16 @@ pub struct LoopbackFleet<'a> {
     pub worker_set_spec: &'a str,
     /// Further lines of the backend's `spec`, each indented by two spaces.
     pub backend_spec: &'a str,
+    /// Further members of the pool (e.g. `  - {provider: p, model: m}\n`).
+    pub pool_members: &'a str,
+    /// Further documents (providers, policies), each starting with `---`.
+    pub extra_documents: &'a str,
 }
 
 impl LoopbackFleet<'_> {
-    /// The three resources as one multi-document YAML text.
-    pub fn yaml(&self) -> String {
-        let LoopbackFleet { name, model, endpoints, block_size, worker_set_spec, backend_spec } = self;
+    /// The worker set's document alone (what a hub's fleet-wide configuration lists).
+    pub fn worker_set_yaml(&self) -> String {
+        let LoopbackFleet { name, model, endpoints, block_size, worker_set_spec, .. } = self;
         let endpoints: String = endpoints.iter().map(|e| format!("    - {e}\n")).collect();
         format!(
             "apiVersion: switchyard.dev/v1alpha1
@@ -34,7 +38,15 @@ spec:
   endpoints:
     static:
 {endpoints}  kvBlockSize: {block_size}
-{worker_set_spec}---
+{worker_set_spec}"
+        )
+    }
+
+    /// The three resources as one multi-document YAML text.
+    pub fn yaml(&self) -> String {
+        let LoopbackFleet { name, model, backend_spec, pool_members, extra_documents, .. } = self;
+        format!(
+            "{}---
 apiVersion: switchyard.dev/v1alpha1
 kind: InferencePool
 metadata:
@@ -42,7 +54,7 @@ metadata:
 spec:
   members:
   - workerSet: {name}
----
+{pool_members}---
 apiVersion: switchyard.dev/v1alpha1
 kind: GatewayBackend
 metadata:
@@ -50,7 +62,8 @@ metadata:
 spec:
   models:
   - {{name: {model}, pool: {name}}}
-{backend_spec}"
+{backend_spec}{extra_documents}",
+            self.worker_set_yaml()
         )
     }
 }

@@ -1,14 +1,17 @@
 //! `switchyard`: the command-line entry point.
 //!
 //! Subcommands: `validate` (offline policy checks for Git hooks and CI), `explain` (what the
-//! engine decides for one request on a given fleet state, with the full trace) and `crds`
-//! (the CustomResourceDefinition manifests). Exit codes: 0 success, 1 invalid input
+//! engine decides for one request on a given fleet state, with the full trace), `crds` (the
+//! CustomResourceDefinition manifests), `spoke`, `hub` and `certs` (the federation), `up` (a
+//! local fleet), `sim`, `calibrate` and `lb`. Exit codes: 0 success, 1 invalid input
 //! (configuration errors), 2 usage errors (bad arguments, unreadable files).
 
 mod calibrate;
 mod crds;
 mod explain;
+mod hub;
 mod lb;
+mod local_federation;
 mod loopback_fleet;
 mod signals;
 mod sim;
@@ -46,6 +49,10 @@ enum Command {
     Up(up::UpArgs),
     /// Run a spoke: KV-cache-aware routing over configured vLLM workers.
     Spoke(up::SpokeArgs),
+    /// Run the hub: the federation of spokes over mutual TLS.
+    Hub(hub::HubArgs),
+    /// Create a development CA and the hub's and clusters' certificates.
+    Certs(hub::CertsArgs),
     /// Run simulated vLLM workers (flags mirror `vllm serve`).
     Sim(sim::Args),
     /// Run simulated engines in virtual time to calibrate a profile.
@@ -86,6 +93,8 @@ fn main() -> ExitCode {
         Command::Up(args) => up::run_up(&args),
         Command::Lb(args) => lb::run(&args),
         Command::Spoke(args) => up::run_spoke(&args),
+        Command::Hub(args) => hub::run_hub(&args),
+        Command::Certs(args) => hub::run_certs(&args),
         Command::Calibrate(args) => calibrate::run_all(&args),
     };
     telemetry.shutdown();

@@ -1,10 +1,12 @@
-//! `switchyard sim`: run simulated vLLM workers. Flags mirror `vllm serve` where they overlap.
+//! `switchyard sim`: run simulated vLLM workers (flags mirror `vllm serve` where they
+//! overlap), or with `--api bedrock` a faithful AWS Bedrock Runtime endpoint.
 
 use std::path::PathBuf;
 use switchyard_sim::engine::hash::HashAlgo;
 
 use anyhow::{Context, bail};
 use serde_json::json;
+use switchyard_sim::bedrock::{BedrockConfig, BedrockEndpoint, LatencyModel};
 use switchyard_sim::profile;
 use switchyard_sim::wire::WireFormat;
 use switchyard_sim::{Fleet, KvEventsConfig, SimConfig};
@@ -75,6 +77,16 @@ pub struct Args {
     /// Write the workers' addresses as JSON to this file once they listen.
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
+    /// Which API to serve: `vllm` workers, or one `bedrock` Runtime endpoint (Converse,
+    /// ConverseStream, CountTokens; MODEL, when given, is the only model id it serves).
+    #[arg(long, default_value = "vllm", value_parser = ["vllm", "bedrock"])]
+    api: String,
+    /// Bedrock: milliseconds before the first token (plus 0.02 ms per input token).
+    #[arg(long, default_value_t = 250.0)]
+    first_token_ms: f64,
+    /// Bedrock: milliseconds between output tokens.
+    #[arg(long, default_value_t = 10.0)]
+    per_output_token_ms: f64,
 }
 
 /// Builds the simulator configuration from flags (pure apart from locating the tokenizer).
@@ -140,8 +152,11 @@ pub fn config(args: &Args) -> anyhow::Result<SimConfig> {
     })
 }
 
-/// Runs the workers until Ctrl-C or SIGTERM.
+/// Runs the workers (or the Bedrock endpoint) until Ctrl-C or SIGTERM.
 pub fn run(args: &Args) -> anyhow::Result<Exit> {
+    if args.api == "bedrock" {
+        return run_bedrock(args);
+    }
     let cfg = config(args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
@@ -164,6 +179,47 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
         }
         crate::signals::wait_for_shutdown().await;
         fleet.shutdown().await;
+        anyhow::Ok(())
+    })?;
+    Ok(Exit::Ok)
+}
+
+/// The Bedrock endpoint's configuration from flags.
+pub fn bedrock_config(args: &Args) -> anyhow::Result<BedrockConfig> {
+    if !(args.first_token_ms >= 0.0 && args.per_output_token_ms >= 0.0 && args.time_scale > 0.0) {
+        bail!("--first-token-ms and --per-output-token-ms must be non-negative and --time-scale positive");
+    }
+    Ok(BedrockConfig {
+        host: args.host.clone(),
+        port: args.port,
+        models: args.model.iter().cloned().collect(),
+        latency: LatencyModel {
+            first_token_ms: args.first_token_ms,
+            per_output_token_ms: args.per_output_token_ms,
+            ..LatencyModel::default()
+        },
+        time_scale: args.time_scale,
+    })
+}
+
+fn run_bedrock(args: &Args) -> anyhow::Result<Exit> {
+    let cfg = bedrock_config(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let endpoint = BedrockEndpoint::start(cfg.clone())
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", cfg.host, cfg.port))?;
+        println!(
+            "bedrock runtime endpoint: {}  (models: {})",
+            endpoint.url(),
+            if cfg.models.is_empty() { "any".to_owned() } else { cfg.models.join(", ") }
+        );
+        if let Some(path) = &args.ready_file {
+            std::fs::write(path, serde_json::to_string_pretty(&json!({"api": "bedrock", "url": endpoint.url()}))?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        crate::signals::wait_for_shutdown().await;
+        endpoint.shutdown().await;
         anyhow::Ok(())
     })?;
     Ok(Exit::Ok)

@@ -1,11 +1,14 @@
 //! `switchyard spoke` and `switchyard up`.
 //!
-//! `up` is the one-command local fleet: vLLM workers — simulated by default, real ones with
-//! `--engine vllm` — and a spoke in front of them, all on loopback, stopped together on Ctrl-C
-//! or SIGTERM.
+//! `up` is the one-command local federation: a hub on the front-door ports over clusters
+//! (east and west by default) of vLLM workers — simulated by default, real ones with
+//! `--engine vllm` — each behind its own spoke dialing the hub over mutual TLS, and a local
+//! Bedrock endpoint they spill over to; all on loopback, stopped together on Ctrl-C or
+//! SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use switchyard_sim::wire::WireFormat;
@@ -16,8 +19,11 @@ use switchyard_spoke::{DEFAULT_RELOAD_INTERVAL, Spoke, SpokeConfig};
 use switchyard_tokenizer::find_default_dir;
 
 use crate::Exit;
-use crate::loopback_fleet::LoopbackFleet;
+use crate::local_federation::{self, LOCAL_BEDROCK_MODEL_ID, LOCAL_PROVIDER, LocalCluster, Shared, WorkerPorts};
 use crate::vllm_fleet::{self, VllmFleet, VllmSpec};
+use switchyard_hub::{Hub, HubConfig};
+use switchyard_sim::bedrock::{BedrockConfig, BedrockEndpoint};
+use switchyard_spoke::hub_client::HubLink;
 
 /// Arguments of `switchyard spoke`.
 #[derive(clap::Args, Debug)]
@@ -31,6 +37,11 @@ pub struct SpokeArgs {
     /// Admin address (status, metrics, decision traces).
     #[arg(long, default_value = switchyard_spoke::DEFAULT_ADMIN_LISTEN)]
     admin_listen: SocketAddr,
+    /// Where Kubernetes Secrets referenced by providers are mounted (`DIR/NAME/KEY`).
+    #[arg(long, value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
+    #[command(flatten)]
+    hub: switchyard_spoke::hub_client::HubArgs,
     #[command(flatten)]
     limits: LimitArgs,
     /// Write the bound addresses as JSON to this file once listening.
@@ -41,17 +52,20 @@ pub struct SpokeArgs {
 /// Arguments of `switchyard up`.
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
-    /// Front-door port on 127.0.0.1.
+    /// The hub's front-door port on 127.0.0.1.
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Admin port (status, metrics, decision traces) on 127.0.0.1.
+    /// The hub's admin port (status, metrics) on 127.0.0.1.
     #[arg(long, default_value_t = 9090)]
     admin_port: u16,
     /// What runs the workers: the simulator, or real vLLM engines (CPU build; install it with
     /// `e2e/vllm/setup`).
     #[arg(long, value_enum, default_value_t = Engine::Sim)]
     engine: Engine,
-    /// Number of workers [default: 3 simulated, 2 real].
+    /// Number of clusters, each a spoke over its own workers [default: 2 simulated, 1 real].
+    #[arg(long)]
+    clusters: Option<u32>,
+    /// Workers per cluster [default: 3 simulated, 2 real].
     #[arg(long)]
     workers: Option<u32>,
     /// Simulator profile.
@@ -83,6 +97,20 @@ pub enum Engine {
     Vllm,
 }
 
+impl Engine {
+    /// Clusters and workers per cluster when not given: two clusters of three simulated
+    /// workers; one of two real engines (each takes ~5 GB).
+    fn defaults(self) -> (u32, u32) {
+        match self {
+            Engine::Sim => (2, 3),
+            Engine::Vllm => (1, 2),
+        }
+    }
+}
+
+/// Most clusters `up` runs.
+const MAX_CLUSTERS: u32 = 8;
+
 /// Runs a spoke until Ctrl-C or SIGTERM.
 pub fn run_spoke(args: &SpokeArgs) -> anyhow::Result<Exit> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
@@ -94,6 +122,8 @@ pub fn run_spoke(args: &SpokeArgs) -> anyhow::Result<Exit> {
             config_paths: args.config.clone(),
             reload_interval: DEFAULT_RELOAD_INTERVAL,
             limits,
+            secrets_dir: args.secrets_dir.clone(),
+            hub: args.hub.link(),
         })
         .await?;
         println!("spoke listening on http://{} (admin http://{})", spoke.addr, spoke.admin_addr);
@@ -107,46 +137,6 @@ pub fn run_spoke(args: &SpokeArgs) -> anyhow::Result<Exit> {
         anyhow::Ok(())
     })?;
     Ok(Exit::Ok)
-}
-
-/// A worker of the local fleet, whatever runs it.
-struct LocalWorker {
-    index: u32,
-    http: SocketAddr,
-    kv_events: u16,
-    kv_replay: u16,
-}
-
-/// The local fleet's configuration, as YAML.
-fn local_config(engine: Engine, model: &str, tokenizer: &Path, block_size: u32, workers: &[LocalWorker]) -> String {
-    let endpoints: Vec<String> = workers
-        .iter()
-        .map(|w| {
-            format!(
-                "{{name: worker-{}, host: 127.0.0.1, httpPort: {}, kvEventsPort: {}, kvReplayPort: {}}}",
-                w.index,
-                w.http.port(),
-                w.kv_events,
-                w.kv_replay
-            )
-        })
-        .collect();
-    let fleet = LoopbackFleet {
-        name: "local",
-        model,
-        endpoints: &endpoints,
-        block_size,
-        worker_set_spec: &format!(
-            "  region: local\n  tokenizer:\n    source: Files\n    path: {}\n",
-            tokenizer.display()
-        ),
-        backend_spec: &format!("  aliases:\n  - {{name: standard-model, targets: [{model}]}}\n"),
-    };
-    let what = match engine {
-        Engine::Sim => "simulated workers",
-        Engine::Vllm => "real vLLM workers",
-    };
-    format!("# Generated by `switchyard up`: {what} on loopback.\n{}", fleet.yaml())
 }
 
 /// The running workers of `up`.
@@ -166,7 +156,7 @@ impl Workers {
                 let fleet = Fleet::start(SimConfig {
                     host: "127.0.0.1".into(),
                     port: 0,
-                    workers: args.workers.unwrap_or(3),
+                    workers: args.workers.unwrap_or(args.engine.defaults().1),
                     served_model_name: args.model.clone(),
                     tokenizer_dir: tokenizer.to_path_buf(),
                     profile: p,
@@ -200,7 +190,7 @@ impl Workers {
                     served_model_name: args.model.clone(),
                     kv_cache_gib: args.vllm_kv_cache_gib,
                 };
-                let count = args.workers.unwrap_or(2);
+                let count = args.workers.unwrap_or(args.engine.defaults().1);
                 println!(
                     "Starting {count} vLLM worker(s); a cold start takes a minute or two (logs in {}).",
                     dir.display()
@@ -211,15 +201,15 @@ impl Workers {
         }
     }
 
-    fn list(&self) -> Vec<LocalWorker> {
+    fn list(&self) -> Vec<WorkerPorts> {
         let port = |ep: &Option<String>| ep.as_deref().and_then(|e| e.rsplit(':').next()?.parse().ok()).unwrap_or(0);
         match self {
             Workers::Sim(f) => f
                 .workers
                 .iter()
-                .map(|w| LocalWorker {
+                .map(|w| WorkerPorts {
                     index: w.index,
-                    http: w.http,
+                    http: w.http.port(),
                     kv_events: port(&w.kv_events),
                     kv_replay: port(&w.kv_replay),
                 })
@@ -227,7 +217,12 @@ impl Workers {
             Workers::Vllm(f) => f
                 .workers
                 .iter()
-                .map(|w| LocalWorker { index: w.index, http: w.http, kv_events: w.kv_events, kv_replay: w.kv_replay })
+                .map(|w| WorkerPorts {
+                    index: w.index,
+                    http: w.http.port(),
+                    kv_events: w.kv_events,
+                    kv_replay: w.kv_replay,
+                })
                 .collect(),
         }
     }
@@ -240,7 +235,184 @@ impl Workers {
     }
 }
 
-/// Starts the workers and a spoke in front of them.
+/// What `up` has started so far, stopped in reverse order whatever failed.
+#[derive(Default)]
+struct Running {
+    workers: Vec<Workers>,
+    bedrock: Option<BedrockEndpoint>,
+    hub: Option<Hub>,
+    spokes: Vec<Spoke>,
+}
+
+impl Running {
+    async fn shutdown(self) {
+        for spoke in self.spokes {
+            spoke.shutdown().await;
+        }
+        if let Some(hub) = self.hub {
+            hub.shutdown().await;
+        }
+        for workers in self.workers {
+            workers.shutdown().await;
+        }
+        if let Some(bedrock) = self.bedrock {
+            bedrock.shutdown().await;
+        }
+    }
+}
+
+/// How long `up` waits for every spoke to be live at the hub before it says it is ready.
+const FEDERATION_READY_WITHIN: Duration = Duration::from_secs(15);
+
+/// Starts the federation: every cluster's workers, the Bedrock endpoint, the hub on the
+/// front-door ports (`claimed` until it binds them) and one spoke per cluster dialing it.
+async fn start(
+    args: &UpArgs,
+    tokenizer: &Path,
+    dir: &Path,
+    claimed: Vec<std::net::TcpListener>,
+    running: &mut Running,
+) -> anyhow::Result<Vec<(LocalCluster, Vec<WorkerPorts>)>> {
+    let (default_clusters, _) = args.engine.defaults();
+    let clusters = local_federation::clusters(args.clusters.unwrap_or(default_clusters));
+    let mut block_size = 0;
+    let mut planned = Vec::new();
+    for cluster in clusters {
+        let logs = dir.join(&cluster.name);
+        std::fs::create_dir_all(&logs)?;
+        let (workers, size) = Workers::start(args, tokenizer, &logs).await?;
+        block_size = size;
+        planned.push((cluster, workers.list()));
+        running.workers.push(workers);
+    }
+    // The spillover target: a local Bedrock Runtime endpoint, reached by the real AWS SDK with
+    // keys from a mounted-Secret-shaped file, by the hub and by every spoke.
+    let bedrock = BedrockEndpoint::start(BedrockConfig {
+        models: vec![LOCAL_BEDROCK_MODEL_ID.to_owned()],
+        time_scale: args.time_scale,
+        ..BedrockConfig::default()
+    })
+    .await
+    .context("starting the local Bedrock endpoint")?;
+    let bedrock_url = bedrock.url();
+    running.bedrock = Some(bedrock);
+
+    let secrets = dir.join("secrets");
+    std::fs::create_dir_all(secrets.join(LOCAL_PROVIDER))?;
+    std::fs::write(
+        secrets.join(LOCAL_PROVIDER).join("credentials"),
+        "AWS_ACCESS_KEY_ID=AKIDLOCALFLEET\nAWS_SECRET_ACCESS_KEY=local-fleet-secret\n",
+    )?;
+    let names: Vec<String> = planned.iter().map(|(c, _)| c.name.clone()).collect();
+    let issued = switchyard_proto::dev_certs::generate(&dir.join("certs"), &["127.0.0.1".to_owned()], &names)?;
+    let engine = match args.engine {
+        Engine::Sim => "simulated workers",
+        Engine::Vllm => "real vLLM workers",
+    };
+    let shared = Shared { model: &args.model, tokenizer, block_size, bedrock_url: &bedrock_url, engine };
+    let write_config = |name: &str, text: String| -> anyhow::Result<PathBuf> {
+        let config_dir = dir.join(name).join("config");
+        std::fs::create_dir_all(&config_dir)?;
+        std::fs::write(config_dir.join("fleet.yaml"), text)?;
+        Ok(config_dir)
+    };
+    let hub_config = write_config("hub", local_federation::hub_config(&shared, &planned))?;
+
+    drop(claimed);
+    let hub = Hub::start(HubConfig {
+        api_listen: SocketAddr::from(([127, 0, 0, 1], args.port)),
+        admin_listen: SocketAddr::from(([127, 0, 0, 1], args.admin_port)),
+        config_paths: vec![hub_config],
+        secrets_dir: Some(secrets.clone()),
+        ..HubConfig::loopback(issued.hub.clone())
+    })
+    .await?;
+    let federation = format!("https://{}", hub.addr);
+    let view = hub.fleet.clone();
+    running.hub = Some(hub);
+    for ((cluster, workers), (_, tls)) in planned.iter().zip(&issued.clusters) {
+        let config = write_config(&cluster.name, local_federation::spoke_config(&shared, cluster, workers))?;
+        let spoke = Spoke::start(SpokeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            config_paths: vec![config],
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
+            limits: Limits::default(),
+            secrets_dir: Some(secrets.clone()),
+            hub: Some(HubLink {
+                url: federation.clone(),
+                server_name: None,
+                cluster: cluster.name.clone(),
+                tls: tls.clone(),
+                front_door_url: None,
+            }),
+        })
+        .await
+        .with_context(|| format!("starting cluster {}'s spoke", cluster.name))?;
+        running.spokes.push(spoke);
+    }
+    // Ready when the hub sees every cluster with all its workers healthy: the first request
+    // printed below then finds the whole fleet.
+    let deadline = Instant::now() + FEDERATION_READY_WITHIN;
+    let whole = |live: &[switchyard_hub::fleet::LiveCluster]| {
+        planned.iter().all(|(cluster, workers)| {
+            live.iter().any(|c| {
+                c.cluster == cluster.name
+                    && !c.load.is_empty()
+                    && c.load.iter().all(|l| l.healthy_workers as usize == workers.len())
+            })
+        })
+    };
+    while !whole(&view.live(Instant::now())) {
+        if Instant::now() >= deadline {
+            let live: Vec<String> = view.live(Instant::now()).into_iter().map(|c| c.cluster).collect();
+            anyhow::bail!(
+                "the fleet was not whole at the hub within {} s: live {live:?} of {names:?}",
+                FEDERATION_READY_WITHIN.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(planned)
+}
+
+/// Prints where everything is.
+fn print_ready(args: &UpArgs, planned: &[(LocalCluster, Vec<WorkerPorts>)], running: &Running) {
+    let (Some(hub), Some(bedrock)) = (&running.hub, &running.bedrock) else { return };
+    let what = match args.engine {
+        Engine::Sim => "simulated",
+        Engine::Vllm => "real vLLM",
+    };
+    let workers = planned.first().map(|(_, w)| w.len()).unwrap_or(0);
+    println!(
+        "Switchyard local federation: a hub over {} cluster(s) of {workers} {what} worker(s), each behind a KV-cache-aware spoke.",
+        planned.len()
+    );
+    for ((cluster, workers), spoke) in planned.iter().zip(&running.spokes) {
+        println!(
+            "  cluster {} (region {}): spoke http://{} (admin http://{})",
+            cluster.name, cluster.region, spoke.addr, spoke.admin_addr
+        );
+        for w in workers {
+            println!("    worker-{}  http://127.0.0.1:{}", w.index, w.http);
+        }
+    }
+    let home = planned.first().map(|(c, _)| c.region.as_str()).unwrap_or_default();
+    println!(
+        "  spillover: local Bedrock endpoint {} (policy cloud-spillover: workers with more than 2 waiting are skipped; pii-tagged requests never spill and stay in {home})",
+        bedrock.url()
+    );
+    let url = format!("http://{}", hub.api_addr);
+    let admin = format!("http://{}", hub.admin_addr);
+    println!("\nFront door: {url}   (the hub: OpenAI /v1/chat/completions, Anthropic /v1/messages)");
+    println!("Admin:      {admin}   (status: {admin}/status, metrics: {admin}/metrics)");
+    println!(
+        "Try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"standard-model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 16}}'\n"
+    );
+    println!("Ctrl-C stops everything.");
+}
+
+/// Starts the local federation and serves until Ctrl-C or SIGTERM.
 pub fn run_up(args: &UpArgs) -> anyhow::Result<Exit> {
     let here = std::env::current_dir().unwrap_or_default();
     let exe = std::env::current_exe().unwrap_or_default();
@@ -248,11 +420,15 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<Exit> {
         .or_else(|| find_default_dir(&exe))
         .context("cannot find tokenizer/files; run from the repository")?;
     let tokenizer = tokenizer.canonicalize().unwrap_or(tokenizer);
+    let clusters = args.clusters.unwrap_or(args.engine.defaults().0);
+    if !(1..=MAX_CLUSTERS).contains(&clusters) {
+        anyhow::bail!("--clusters must be between 1 and {MAX_CLUSTERS}");
+    }
     let dir = std::env::temp_dir().join(format!("switchyard-up-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     // Claim the front door's ports before the engines start: a taken port fails at once, not
     // after a minute of engine start-up, and the engines' own ephemeral ports cannot land on
-    // it meanwhile. Released just before the spoke binds them.
+    // it meanwhile. Released just before the hub binds them.
     let claimed = [args.port, args.admin_port]
         .into_iter()
         .map(|port| {
@@ -262,52 +438,14 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<Exit> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     let result = rt.block_on(async {
-        let (workers, block_size) = Workers::start(args, &tokenizer, &dir).await?;
-        drop(claimed);
-        let config_dir = dir.join("config");
-        let list = workers.list();
-        let written = std::fs::create_dir_all(&config_dir).and_then(|()| {
-            std::fs::write(config_dir.join("fleet.yaml"), local_config(args.engine, &args.model, &tokenizer, block_size, &list))
-        });
-        let spoke = match written.map_err(anyhow::Error::from) {
-            Ok(()) => Spoke::start(SpokeConfig {
-                listen: SocketAddr::from(([127, 0, 0, 1], args.port)),
-                admin_listen: SocketAddr::from(([127, 0, 0, 1], args.admin_port)),
-                config_paths: vec![config_dir],
-                reload_interval: DEFAULT_RELOAD_INTERVAL,
-                limits: Limits::default(),
-            })
-            .await
-            .map_err(anyhow::Error::from),
-            Err(e) => Err(e),
-        };
-        let spoke = match spoke {
-            Ok(s) => s,
-            Err(e) => {
-                workers.shutdown().await;
-                return Err(e);
-            }
-        };
-        let url = format!("http://{}", spoke.addr);
-        let admin = format!("http://{}", spoke.admin_addr);
-        let what = match args.engine {
-            Engine::Sim => "simulated",
-            Engine::Vllm => "real vLLM",
-        };
-        println!("Switchyard local fleet: {} {what} worker(s) behind a spoke.", list.len());
-        for w in &list {
-            println!("  worker-{}  http://{}", w.index, w.http);
+        let mut running = Running::default();
+        let started = start(args, &tokenizer, &dir, claimed, &mut running).await;
+        if let Ok(planned) = &started {
+            print_ready(args, planned, &running);
+            crate::signals::wait_for_shutdown().await;
         }
-        println!("\nFront door: {url}   (OpenAI /v1/chat/completions, Anthropic /v1/messages)");
-        println!("Admin:      {admin}   (status: {admin}/status, metrics: {admin}/metrics)");
-        println!(
-            "Try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"standard-model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 16}}'\n"
-        );
-        println!("Ctrl-C stops everything.");
-        crate::signals::wait_for_shutdown().await;
-        spoke.shutdown().await;
-        workers.shutdown().await;
-        anyhow::Ok(())
+        running.shutdown().await;
+        started.map(|_| ())
     });
     let _ = std::fs::remove_dir_all(&dir);
     result?;

@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_core::Name;
 use switchyard_core::fleet::{
-    Alias, EngineLimits, FleetConfig, Match, Objective, OnEmpty, Policy, Pool, Provider, ProviderKind, ProviderMember,
-    ProviderModel, PublicModel, Step, TokenPrices, WorkerSet,
+    Alias, EngineLimits, FleetConfig, Match, Objective, OnEmpty, Policy, Pool, Provider, ProviderConnection,
+    ProviderCredentials, ProviderKind, ProviderLimits, ProviderMember, ProviderModel, PublicModel, Step, TokenPrices,
+    WorkerSet,
 };
 use switchyard_core::money::MicroUsd;
 use switchyard_core::predictor::TtftModel;
@@ -183,6 +184,12 @@ impl<'a> Validator<'a> {
                         &format!("{path}.pricing.cachedInputPerMillion"),
                         &m.pricing.cached_input_per_million,
                     ),
+                    cache_write_input_per_million: match &m.pricing.cache_write_input_per_million {
+                        Some(text) => self.money(at, &format!("{path}.pricing.cacheWriteInputPerMillion"), text),
+                        None => {
+                            self.money(at, &format!("{path}.pricing.inputPerMillion"), &m.pricing.input_per_million)
+                        }
+                    },
                 };
                 models.insert(m.name.clone(), ProviderModel { provider_model_id: m.provider_model_id.clone(), prices });
             }
@@ -198,6 +205,7 @@ impl<'a> Validator<'a> {
                     region: spec.residency.region.clone().or_else(|| spec.region.clone()),
                     models,
                     expected_ttft_ms: f64::from(spec.expected_ttft_ms),
+                    connection: connection(spec),
                 },
             );
         }
@@ -574,5 +582,32 @@ impl<'a> Validator<'a> {
             }
         }
         self.diags.extend(warnings);
+    }
+}
+
+/// How the request path reaches a provider, from its resource (the CRD's CEL rules already
+/// hold: at most one credential source, Bedrock has a region, OpenAI a base URL).
+fn connection(spec: &crds::InferenceProviderSpec) -> ProviderConnection {
+    let defaults = ProviderLimits::default();
+    let limits = spec.limits.clone().unwrap_or_default();
+    ProviderConnection {
+        aws_region: spec.region.clone().filter(|_| spec.type_ == crds::ProviderType::Bedrock),
+        base_url: spec.base_url.clone(),
+        credentials: match &spec.credentials {
+            Some(crds::CredentialsSpec { secret_ref: Some(r), .. }) => {
+                ProviderCredentials::Secret { name: r.name.clone(), key: r.key.clone() }
+            }
+            Some(crds::CredentialsSpec { role_arn: Some(arn), .. }) => {
+                ProviderCredentials::AssumeRole { role_arn: arn.clone() }
+            }
+            _ => ProviderCredentials::Ambient,
+        },
+        limits: ProviderLimits {
+            max_concurrency: limits.max_concurrency.unwrap_or(defaults.max_concurrency),
+            first_byte_timeout_ms: limits
+                .first_byte_timeout_seconds
+                .map_or(defaults.first_byte_timeout_ms, |s| u64::from(s) * 1_000),
+            breaker_open_ms: limits.breaker_open_seconds.map_or(defaults.breaker_open_ms, |s| u64::from(s) * 1_000),
+        },
     }
 }

@@ -37,6 +37,7 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
                     kv_cache_usage_percent: f64::from((i * 17 + s * 3) % 100),
                     ttft: None,
                     outlook: None,
+                    held_requests: 0,
                 },
             );
             if i.is_multiple_of(3) {
@@ -73,6 +74,7 @@ fn fleet() -> (FleetConfig, FleetSnapshot, RequestFeatures) {
                 region: None,
                 models,
                 expected_ttft_ms: 900.0,
+                connection: Default::default(),
             },
         );
         let pool = format!("pool-{s}");

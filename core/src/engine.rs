@@ -286,7 +286,11 @@ pub fn decide(cfg: &FleetConfig, snapshot: &FleetSnapshot, req: &RequestFeatures
         Some(best) => Outcome::Route { target: best.target.clone() },
         None => Outcome::Reject {
             reason: RejectReason::NoCandidate,
-            message: "no local worker or provider is eligible for this request".to_owned(),
+            message: format!(
+                "policy {} left no local worker and no eligible provider for this request{}",
+                policy.name,
+                if req.is_pii() { " (pii-tagged requests never go to external providers)" } else { "" }
+            ),
         },
     };
 
@@ -309,7 +313,7 @@ pub fn decide(cfg: &FleetConfig, snapshot: &FleetSnapshot, req: &RequestFeatures
             }
             OnEmpty::Fallback => {
                 trace.push(entry("onEmpty", format!("Fallback: {} provider candidate(s)", spill.len())));
-                rank(&mut spill, policy.minimize, req.tie_breaker);
+                rank_in_order(&mut spill, policy.minimize);
                 if !spill.is_empty() {
                     trace.push(rank_entry(&spill, policy.minimize));
                 }
@@ -392,7 +396,7 @@ fn gather(
                     pool: pool.name.clone(),
                     external: false,
                     region: ws.region.clone(),
-                    waiting_requests: state.waiting_requests,
+                    waiting_requests: state.waiting_requests + state.held_requests,
                     running_requests: state.running_requests,
                     kv_cache_usage_percent: state.kv_cache_usage_percent,
                     cached_tokens: cached,
@@ -568,6 +572,19 @@ fn rank(cands: &mut [Candidate], objective: Objective, tie_breaker: u64) {
     });
 }
 
+/// Sorts best first by the objective, then the other objective; equal candidates keep the
+/// configuration's order (spillover goes to a pool's providers in the order it lists them,
+/// not spread like workers).
+fn rank_in_order(cands: &mut [Candidate], objective: Objective) {
+    cands.sort_by_cached_key(|c| {
+        let (first, second) = match objective {
+            Objective::PredictedTtft => (c.score_ms, c.estimated_cost_usd),
+            Objective::Cost => (c.estimated_cost_usd, c.score_ms),
+        };
+        (total_order(first), total_order(second))
+    });
+}
+
 /// `x` with `decimals` digits after the point, as `{:.N}` writes it (up to the last digit of a
 /// value whose scaled product rounds apart from its decimal expansion), in integer arithmetic
 /// for the values a trace shows (float formatting at fixed precision falls back to slow
@@ -668,6 +685,21 @@ mod tests {
         }
         assert_ne!(mix(7, worker.label_parts()), mix(8, worker.label_parts()));
         assert_ne!(mix(7, worker.label_parts()), mix(7, provider.label_parts()));
+    }
+
+    #[test]
+    fn equal_providers_keep_the_pool_order_whatever_the_request() {
+        let provider = |name: &str, ttft: f64| Candidate {
+            target: Target::Provider { provider: name.into(), model: "m".into(), provider_model_id: "x".into() },
+            ..worker("s", name, ttft)
+        };
+        let cands = vec![provider("b", 800.0), provider("a", 800.0), provider("c", 300.0)];
+        for _ in 0..16 {
+            let mut ranked = cands.clone();
+            rank_in_order(&mut ranked, Objective::PredictedTtft);
+            let order: Vec<String> = ranked.iter().map(|c| c.label()).collect();
+            assert_eq!(order, ["provider c/m", "provider b/m", "provider a/m"]);
+        }
     }
 
     #[test]

@@ -138,6 +138,64 @@ pub struct Provider {
     pub models: BTreeMap<String, ProviderModel>,
     /// Typical time to first token, used as its predicted TTFT.
     pub expected_ttft_ms: f64,
+    /// How to reach it: endpoint, credentials and client limits.
+    pub connection: ProviderConnection,
+}
+
+/// How a provider is reached (the request path's client is built from this).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ProviderConnection {
+    /// AWS region of a Bedrock provider.
+    pub aws_region: Option<String>,
+    /// Base URL: an OpenAI-compatible API's, or an override of Bedrock's regional endpoint
+    /// (a VPC endpoint, or a local Bedrock-compatible endpoint).
+    pub base_url: Option<String>,
+    /// Where credentials come from.
+    pub credentials: ProviderCredentials,
+    /// Client-side limits.
+    pub limits: ProviderLimits,
+}
+
+/// Where a provider's credentials come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(tag = "source", rename_all = "camelCase")]
+pub enum ProviderCredentials {
+    /// The platform's standard chain (AWS: environment, web identity / IRSA, EKS Pod
+    /// Identity, profile, instance metadata); none for an OpenAI-compatible API.
+    #[default]
+    Ambient,
+    /// A key of a Kubernetes Secret (an API key, or AWS keys as `AWS_ACCESS_KEY_ID=…` lines).
+    #[serde(rename_all = "camelCase")]
+    Secret {
+        /// Secret name.
+        name: String,
+        /// Key in the Secret.
+        key: String,
+    },
+    /// An IAM role assumed with the ambient credentials (Bedrock only).
+    #[serde(rename_all = "camelCase")]
+    AssumeRole {
+        /// The role's ARN.
+        role_arn: String,
+    },
+}
+
+/// Client-side limits of one provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderLimits {
+    /// Requests in flight at most; beyond it the provider counts as unavailable.
+    pub max_concurrency: u32,
+    /// From sending a request to the provider's first event.
+    pub first_byte_timeout_ms: u64,
+    /// How long the circuit breaker stays open before a probe may close it.
+    pub breaker_open_ms: u64,
+}
+
+impl Default for ProviderLimits {
+    fn default() -> Self {
+        ProviderLimits { max_concurrency: 64, first_byte_timeout_ms: 30_000, breaker_open_ms: 5_000 }
+    }
 }
 
 /// One model a provider offers.
@@ -158,6 +216,8 @@ pub struct TokenPrices {
     pub output_per_million: MicroUsd,
     /// Input tokens served from the provider's prompt cache.
     pub cached_input_per_million: MicroUsd,
+    /// Input tokens written to the provider's prompt cache.
+    pub cache_write_input_per_million: MicroUsd,
 }
 
 /// A named set of worker sets and provider models that can serve one model.

@@ -76,6 +76,38 @@ impl fmt::Display for MicroUsd {
     }
 }
 
+/// An exact amount of US dollars in 10⁻¹² (a per-million-token price in micro-dollars times
+/// a token count is exactly this unit, so request costs never round).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PicoUsd(pub u128);
+
+impl PicoUsd {
+    /// What `tokens` cost at `price_per_million`.
+    pub fn of_tokens(price_per_million: MicroUsd, tokens: u64) -> PicoUsd {
+        PicoUsd(u128::from(price_per_million.0) * u128::from(tokens))
+    }
+
+    /// The sum, saturating at the largest amount.
+    pub fn plus(self, other: PicoUsd) -> PicoUsd {
+        PicoUsd(self.0.saturating_add(other.0))
+    }
+}
+
+impl fmt::Display for PicoUsd {
+    /// Dollars as a decimal with no trailing zeros (`0.000123`), never rounded.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SCALE: u128 = 1_000_000_000_000;
+        let whole = self.0 / SCALE;
+        let frac = self.0 % SCALE;
+        if frac == 0 {
+            write!(f, "{whole}")
+        } else {
+            let frac = format!("{frac:012}");
+            write!(f, "{whole}.{}", frac.trim_end_matches('0'))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +127,15 @@ mod tests {
             assert!(text.parse::<MicroUsd>().is_err(), "{text} should be refused");
         }
         assert!("99999999999999999999".parse::<MicroUsd>().is_err());
+    }
+
+    #[test]
+    fn token_costs_are_exact() {
+        // 1,234 tokens at $0.72 per million is $0.00088848 exactly.
+        let cost = PicoUsd::of_tokens("0.72".parse().unwrap_or_default(), 1_234);
+        assert_eq!(cost.to_string(), "0.00088848");
+        // A single token at the smallest price is 10^-12 dollars, not zero.
+        assert_eq!(PicoUsd::of_tokens(MicroUsd(1), 1).to_string(), "0.000000000001");
+        assert_eq!(cost.plus(PicoUsd::of_tokens(MicroUsd(1_000_000), 1_000_000)).to_string(), "1.00088848");
     }
 }

@@ -18,6 +18,22 @@ pub enum ResolveError {
     Cycle(Vec<String>),
 }
 
+/// The worker sets whose pools serve `name` (a public model or an alias), in the order the
+/// expansion and the pools list them, each once.
+pub fn worker_sets(cfg: &FleetConfig, name: &str) -> Result<Vec<String>, ResolveError> {
+    let mut sets: Vec<String> = Vec::new();
+    for model in expand(cfg, name)? {
+        if let Some(pool) = cfg.models.get(&model).and_then(|p| cfg.pools.get(&p.pool)) {
+            for ws in &pool.worker_sets {
+                if !sets.contains(ws) {
+                    sets.push(ws.clone());
+                }
+            }
+        }
+    }
+    Ok(sets)
+}
+
 /// Expands `name` into public model names, depth first, in declaration order, each once.
 pub fn expand(cfg: &FleetConfig, name: &str) -> Result<Vec<String>, ResolveError> {
     let mut out = Vec::new();

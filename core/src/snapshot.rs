@@ -37,6 +37,11 @@ pub struct WorkerState {
     /// Requests in the running batch.
     #[serde(default)]
     pub running_requests: u32,
+    /// Requests the router holds back for this worker (dispatch pacing) and has not sent yet:
+    /// waiting for it as much as the engine's own queue, so the `MaxWaitingRequests` filter
+    /// counts them (the TTFT predictor does not: it models the engine).
+    #[serde(default)]
+    pub held_requests: u32,
     /// Prompt tokens waiting for prefill, when known (router in-flight accounting).
     #[serde(default)]
     pub waiting_prefill_tokens: Option<u64>,
@@ -70,6 +75,7 @@ impl Default for WorkerState {
             healthy: true,
             waiting_requests: 0,
             running_requests: 0,
+            held_requests: 0,
             waiting_prefill_tokens: None,
             kv_cache_usage_percent: 0.0,
             ttft: None,

@@ -89,6 +89,7 @@ fn build(seed: u64) -> Case {
                     input_per_million: MicroUsd(g.below(3_000_000)),
                     output_per_million: MicroUsd(g.below(9_000_000)),
                     cached_input_per_million: MicroUsd::ZERO,
+                    cache_write_input_per_million: MicroUsd::ZERO,
                 };
                 (format!("pm{m}"), ProviderModel { provider_model_id: format!("id-{m}"), prices })
             })
@@ -102,6 +103,7 @@ fn build(seed: u64) -> Case {
                 region: g.chance(80).then(|| g.pick(&REGIONS).to_string()),
                 models,
                 expected_ttft_ms: g.below(3000) as f64,
+                connection: Default::default(),
             },
         );
     }
@@ -183,6 +185,7 @@ fn build(seed: u64) -> Case {
                     kv_cache_usage_percent: g.below(1001) as f64 / 10.0,
                     ttft: None,
                     outlook: g.chance(50).then(|| replica_outlook(&mut g)),
+                    held_requests: 0,
                 },
             );
             if g.chance(40) {

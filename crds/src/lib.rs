@@ -36,8 +36,8 @@ pub use policy::{
 };
 pub use pool::{InferencePool, InferencePoolSpec, PoolMember};
 pub use provider::{
-    CredentialsSpec, InferenceProvider, InferenceProviderSpec, ProviderModelSpec, ProviderPricing, ProviderType,
-    ResidencySpec, SecretKeyRef,
+    CredentialsSpec, InferenceProvider, InferenceProviderSpec, ProviderLimitsSpec, ProviderModelSpec, ProviderPricing,
+    ProviderType, ResidencySpec, SecretKeyRef,
 };
 pub use render::{ManifestFile, crd_schema, render_all, to_yaml};
 pub use worker_set::{

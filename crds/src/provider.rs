@@ -34,7 +34,8 @@ pub struct InferenceProviderSpec {
     /// AWS region (Bedrock) or the region the provider processes data in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
-    /// Base URL of an OpenAI-compatible API, e.g. `https://api.example.com/v1`.
+    /// Base URL of an OpenAI-compatible API, e.g. `https://api.example.com/v1`; for Bedrock,
+    /// an override of the regional endpoint (a VPC endpoint, or a local Bedrock-compatible one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("baseUrl must be an http(s) URL"))]
     pub base_url: Option<String>,
@@ -50,6 +51,28 @@ pub struct InferenceProviderSpec {
     /// Models offered, with the provider's ids and prices.
     #[schemars(length(min = 1))]
     pub models: Vec<ProviderModelSpec>,
+    /// Client-side limits: concurrency, first-byte timeout, circuit breaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ProviderLimitsSpec>,
+}
+
+/// Client-side limits of a provider; each has a default.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderLimitsSpec {
+    /// Requests in flight at most (default 64); beyond it the provider is skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_concurrency: Option<u32>,
+    /// Seconds from sending a request to its first event (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub first_byte_timeout_seconds: Option<u32>,
+    /// Seconds the circuit breaker stays open after throttling or a server error before a
+    /// probe request may close it (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub breaker_open_seconds: Option<u32>,
 }
 
 /// Provider API family.
@@ -129,6 +152,11 @@ pub struct ProviderPricing {
     #[serde(default = "zero")]
     #[schemars(regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,6})?$"))]
     pub cached_input_per_million: String,
+    /// USD per million input tokens written to the provider's prompt cache (default: the
+    /// input price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,6})?$"))]
+    pub cache_write_input_per_million: Option<String>,
 }
 
 fn zero() -> String {
@@ -141,6 +169,11 @@ fn default_expected_ttft_ms() -> u32 {
 
 impl Default for ProviderPricing {
     fn default() -> Self {
-        ProviderPricing { input_per_million: zero(), output_per_million: zero(), cached_input_per_million: zero() }
+        ProviderPricing {
+            input_per_million: zero(),
+            output_per_million: zero(),
+            cached_input_per_million: zero(),
+            cache_write_input_per_million: None,
+        }
     }
 }

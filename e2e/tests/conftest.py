@@ -130,8 +130,9 @@ def free_port_pair(workers: int) -> int:
 
 def spoke_config(sims, *, model="sim-model", tokenizer_source="Files", chat_template=None, policies="", worker_set="local",
                  prefill_tokens_per_second=100_000, block_size=16, capacity_extra="",
-                 worker_set_extra=""):
-    """YAML for a spoke fronting every worker of `sims` (one worker set)."""
+                 worker_set_extra="", pool_members=""):
+    """YAML for a spoke fronting every worker of `sims` (one worker set); `pool_members` adds
+    members to the pool (e.g. `, {provider: bedrock, model: sim-model}`)."""
     lines = []
     for sim in sims:
         for w in sim.workers:
@@ -163,7 +164,7 @@ apiVersion: switchyard.dev/v1alpha1
 kind: InferencePool
 metadata: {{name: local}}
 spec:
-  members: [{{workerSet: {worker_set}}}]
+  members: [{{workerSet: {worker_set}}}{pool_members}]
 ---
 apiVersion: switchyard.dev/v1alpha1
 kind: GatewayBackend

@@ -190,6 +190,12 @@ def test_switchyard_up_serves_and_stops_cleanly(tmp_path):
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                        json={"model": "standard-model", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+        # The front door is the hub: it names the cluster and worker set it chose, and the
+        # spoke's worker.
+        cluster, worker_set = r.headers["x-switchyard-target"].split("/")
+        assert cluster in ("east", "west") and worker_set == cluster, r.headers
+        assert r.headers["x-switchyard-worker"].startswith("worker-"), r.headers
+        assert "cluster east (region us-east)" in log.read_text() and "cluster west (region us-west)" in log.read_text()
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0

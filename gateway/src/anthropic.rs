@@ -313,12 +313,13 @@ fn tool(i: usize, v: &Value) -> Result<Tool, GatewayError> {
     })
 }
 
-/// Anthropic usage from engine usage: `input_tokens` excludes cache reads.
+/// Anthropic usage from engine usage: `input_tokens` excludes cache reads and writes, which
+/// are reported apart.
 pub fn usage_json(u: &Usage) -> Value {
     json!({
-        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
+        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens).saturating_sub(u.cache_write_tokens),
         "output_tokens": u.completion_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": u.cache_write_tokens,
         "cache_read_input_tokens": u.cached_tokens,
     })
 }
@@ -539,7 +540,7 @@ mod tests {
             Event::ToolCall { index: 0, id: Some("t".into()), name: Some("f".into()), arguments: "{\"a\"".into() },
             Event::ToolCall { index: 0, id: None, name: None, arguments: ":1}".into() },
             Event::Finish(FinishReason::ToolCalls),
-            Event::Usage(Usage { prompt_tokens: 10, completion_tokens: 4, cached_tokens: 6 }),
+            Event::Usage(Usage { prompt_tokens: 10, completion_tokens: 4, cached_tokens: 6, ..Usage::default() }),
         ] {
             r.event(&e, &mut out);
         }

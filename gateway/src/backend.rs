@@ -22,6 +22,11 @@ pub trait Target: Send + Sync {
     fn label(&self) -> &str;
     /// Where the request goes.
     fn upstream(&self) -> &dyn Upstream;
+    /// The external provider behind this target, if it is one (named in the response's
+    /// `x-switchyard-provider` header).
+    fn provider(&self) -> Option<&str> {
+        None
+    }
     /// Called right before the request is sent here: returns what to book and observe.
     /// `attempt` is 0 for the first choice (already booked during planning).
     fn dispatch(&self, attempt: usize) -> Dispatch;

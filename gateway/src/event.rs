@@ -56,6 +56,8 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
+    /// Prompt tokens written to a provider's prompt cache (billed apart; engines report 0).
+    pub cache_write_tokens: u32,
 }
 
 /// One event of a response.

@@ -16,6 +16,7 @@ pub mod anthropic;
 pub mod backend;
 pub mod error;
 pub mod event;
+pub mod metrics;
 pub mod observe;
 pub mod openai;
 pub mod plan;

@@ -457,6 +457,7 @@ pub fn upstream_chunk(data: &str, out: &mut Vec<Event>) -> Result<(), GatewayErr
             prompt_tokens: n("/prompt_tokens"),
             completion_tokens: n("/completion_tokens"),
             cached_tokens: n("/prompt_tokens_details/cached_tokens"),
+            cache_write_tokens: 0,
         }));
     }
     Ok(())
@@ -692,6 +693,9 @@ mod tests {
         assert_eq!(ev[0], Event::Text("Hi".into()));
         assert!(matches!(&ev[1], Event::ToolCall { index: 0, id: Some(i), .. } if i == "t1"));
         assert_eq!(ev[2], Event::Finish(FinishReason::ToolCalls));
-        assert_eq!(ev[3], Event::Usage(Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8 }));
+        assert_eq!(
+            ev[3],
+            Event::Usage(Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8, ..Usage::default() })
+        );
     }
 }

@@ -7,13 +7,14 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_core::engine::{Decision, Target};
+use switchyard_core::engine::{Decision, RejectReason, Target};
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::replica::Outlook;
 use switchyard_core::request::{RequestFeatures, WorkerKey};
 use switchyard_core::snapshot::WorkerState;
 use switchyard_core::{FleetConfig, FleetSnapshot, Name, decide};
 
+use crate::error::{ErrorKind, GatewayError};
 use crate::request::InferenceRequest;
 
 /// What the router knows about one worker when it plans.
@@ -31,6 +32,8 @@ pub struct WorkerView {
     pub unstarted_requests: u32,
     /// Their uncached prompt tokens.
     pub unstarted_prefill_tokens: u64,
+    /// Requests this router holds back for the worker (dispatch pacing), not yet sent.
+    pub held_requests: u32,
     /// The worker set's calibrated TTFT model.
     pub ttft: Option<TtftModel>,
     /// The router's replica of the engine, when it keeps one: it predicts in place of `ttft`.
@@ -44,6 +47,7 @@ pub fn worker_state(v: &WorkerView) -> WorkerState {
         healthy: v.healthy,
         waiting_requests: v.engine_waiting.max(v.unstarted_requests),
         running_requests: v.engine_running,
+        held_requests: v.held_requests,
         waiting_prefill_tokens: Some(v.unstarted_prefill_tokens),
         kv_cache_usage_percent: v.kv_usage * 100.0,
         ttft: v.ttft,
@@ -105,4 +109,14 @@ pub fn ranked_workers(decision: &Decision, max: usize, healthy: impl Fn(&WorkerK
         .filter(|(k, _)| healthy(k))
         .take(max)
         .collect()
+}
+
+/// The error a rejecting decision answers with, in the catalogue.
+pub fn rejection(reason: RejectReason, message: String) -> GatewayError {
+    match reason {
+        RejectReason::ModelNotFound | RejectReason::AliasCycle => GatewayError::model_not_found(message),
+        RejectReason::NoLocalCapacity | RejectReason::NoCandidate => {
+            GatewayError::new(ErrorKind::NoCapacity, "no_capacity", message)
+        }
+    }
 }

@@ -2,8 +2,10 @@
 //! back, rendered in the caller's dialect.
 //!
 //! Invariants:
-//! - only a connect failure moves on to the next target; any other failure is final (the
-//!   request may already be running upstream);
+//! - only a connect failure or a provider's refusal before any work
+//!   ([`SendError::Unavailable`]) moves on to the next target; any other failure is final (the
+//!   request may already be running upstream); when every target refused, the last refusal
+//!   is the answer;
 //! - every dispatch ends exactly once with its outcome (observers, booking release), also when
 //!   the client goes away: the stream's producer task is owned by the response body and
 //!   aborted with it, which drops the upstream request and cancels it in the engine;
@@ -85,16 +87,23 @@ pub async fn relay(
 ) -> Result<Response, GatewayError> {
     let Routed { targets, prompt_tokens, headers } = routed;
     let mut unreachable = 0usize;
+    let mut refused: Option<GatewayError> = None;
     for (attempt, target) in targets.iter().enumerate() {
         let mut dispatch = DispatchGuard(Some(target.dispatch(attempt)));
         let started = Instant::now();
-        let sent = tokio::time::timeout(limits.timeouts.first_byte, target.upstream().send(&req)).await;
-        let stream = match sent {
-            Ok(Ok(stream)) => stream,
+        let sent = tokio::time::timeout(limits.timeouts.first_byte, target.upstream().answer(&req)).await;
+        let (stream, choice) = match sent {
+            Ok(Ok(answer)) => (answer.events, answer.headers),
             Ok(Err(SendError::Connect(reason))) => {
                 tracing::warn!(target = target.label(), %reason, "target unreachable; trying the next one");
                 dispatch.end(Outcome::ConnectFailed);
                 unreachable += 1;
+                continue;
+            }
+            Ok(Err(SendError::Unavailable(e))) => {
+                tracing::warn!(target = target.label(), reason = %e.message, "target refused; trying the next one");
+                dispatch.end(Outcome::ConnectFailed);
+                refused = Some(e);
                 continue;
             }
             Ok(Err(SendError::Failed(e))) => {
@@ -113,6 +122,7 @@ pub async fn relay(
         tracing::Span::current().record("target", target.label());
         let request_id = HeaderValue::from_str(&req.id).ok();
         let target_label = HeaderValue::from_str(target.label()).ok();
+        let provider = target.provider().and_then(|p| HeaderValue::from_str(p).ok());
         let pump = Pump {
             stream,
             dispatch,
@@ -130,13 +140,20 @@ pub async fn relay(
             collected_response(&req, api, pump).await?
         };
         response.headers_mut().extend(headers);
+        response.headers_mut().extend(choice);
         if let Some(v) = request_id {
             response.headers_mut().insert("request-id", v);
         }
         if let Some(v) = target_label {
             response.headers_mut().insert("x-switchyard-target", v);
         }
+        if let Some(v) = provider {
+            response.headers_mut().insert("x-switchyard-provider", v);
+        }
         return Ok(response);
+    }
+    if let Some(e) = refused {
+        return Err(e);
     }
     Err(GatewayError::new(
         ErrorKind::NoCapacity,

@@ -209,6 +209,10 @@ pub struct InferenceRequest {
     pub class: RequestClass,
     /// Tags such as `pii`.
     pub tags: BTreeSet<String>,
+    /// The worker set the caller pinned (`x-switchyard-worker-set`: the hub names the set it
+    /// chose, and the spoke then picks the worker within it). It only narrows the choice:
+    /// the spoke's policies still apply to the pinned set.
+    pub worker_set: Option<String>,
     /// OpenAI fields the typed form does not model, forwarded unchanged.
     pub passthrough: Map<String, Value>,
 }
@@ -229,6 +233,7 @@ impl InferenceRequest {
             tenant: None,
             class: RequestClass::Interactive,
             tags: BTreeSet::new(),
+            worker_set: None,
             passthrough: Map::new(),
         }
     }

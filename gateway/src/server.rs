@@ -289,13 +289,23 @@ async fn parse<B: Backend>(
 /// Class and tags from the caller's routing headers (classifiers will add to them).
 fn apply_routing_headers(req: &mut InferenceRequest, headers: &HeaderMap) {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|s| !s.is_empty());
-    if let Some(tags) = get("x-switchyard-tags") {
+    if let Some(tags) = get(TAGS_HEADER) {
         req.tags.extend(tags.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()));
     }
-    if get("x-switchyard-class") == Some("batch") {
+    if get(CLASS_HEADER) == Some("batch") {
         req.class = switchyard_core::request::RequestClass::Batch;
     }
+    if let Some(set) = get(WORKER_SET_HEADER) {
+        req.worker_set = Some(set.to_owned());
+    }
 }
+
+/// The header that pins a request to one worker set (what the hub sends a spoke).
+pub const WORKER_SET_HEADER: &str = "x-switchyard-worker-set";
+/// Comma-separated request tags (`pii`, ...).
+pub const TAGS_HEADER: &str = "x-switchyard-tags";
+/// `batch` marks a batch-class request.
+pub const CLASS_HEADER: &str = "x-switchyard-class";
 
 /// Server settings.
 #[derive(Debug, Clone, Copy)]

@@ -2,8 +2,11 @@
 //! what is behind it (a vLLM worker now; external providers and remote clusters next).
 //!
 //! Invariants:
-//! - `send` resolves when the upstream has answered with headers; a refused or failed
-//!   connection is [`SendError::Connect`], the only failure the relay retries elsewhere;
+//! - `send` resolves when the upstream has answered with headers (an external provider: with
+//!   its first event); a refused or failed connection (or one closed before any answer) is [`SendError::Connect`], and a
+//!   provider that refused before doing any work (throttled, unavailable, its breaker open or
+//!   its concurrency cap reached) is [`SendError::Unavailable`]: the only failures the relay
+//!   retries elsewhere, because nothing of the request has run;
 //! - an upstream's error answer becomes a catalogue error carrying the upstream's status
 //!   class and message, bounded in size;
 //! - no single SSE event may exceed the configured size: a peer that sends an endless line
@@ -12,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::{HeaderName, HeaderValue};
 use bytes::Bytes;
 use eventsource_stream::Eventsource;
 use futures::future::BoxFuture;
@@ -32,14 +36,56 @@ pub type EventStream = BoxStream<'static, Result<Event, GatewayError>>;
 pub enum SendError {
     /// No connection could be made: another target may be tried.
     Connect(String),
+    /// The upstream refused before doing any work: another target may be tried; when none
+    /// is left, this is the answer.
+    Unavailable(GatewayError),
     /// The upstream answered with an error, or failed after connecting: final.
     Failed(GatewayError),
+}
+
+/// What an upstream answered: its events, and the headers naming the choice it made itself
+/// (a spoke's front door names the worker it picked), for the client's response.
+pub struct Answer {
+    /// The response's events.
+    pub events: EventStream,
+    /// `x-switchyard-*` headers the upstream's own routing adds.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// Something a request can be sent to.
 pub trait Upstream: Send + Sync {
     /// Sends `req`; resolves once the upstream has answered with headers.
     fn send<'a>(&'a self, req: &'a InferenceRequest) -> BoxFuture<'a, Result<EventStream, SendError>>;
+
+    /// As [`Upstream::send`], with the headers of the upstream's own choice (none unless
+    /// the upstream routes again).
+    fn answer<'a>(&'a self, req: &'a InferenceRequest) -> BoxFuture<'a, Result<Answer, SendError>> {
+        Box::pin(async move { self.send(req).await.map(|events| Answer { events, headers: Vec::new() }) })
+    }
+}
+
+/// The response header in which a spoke names the worker it chose (`set/worker`).
+const SPOKE_TARGET_HEADER: &str = "x-switchyard-target";
+/// The header naming the worker a spoke chose, in the hub's response.
+pub const WORKER_HEADER: &str = "x-switchyard-worker";
+/// The header naming the external provider a spoke spilled to.
+const PROVIDER_HEADER: &str = "x-switchyard-provider";
+
+/// The headers of a spoke's answer the hub shows its client: the spoke's worker (its own
+/// target's last segment, `set/worker`) or, when the spoke spilled over, its provider.
+fn spoke_choice(headers: &reqwest::header::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::new();
+    if let Some(provider) = headers.get(PROVIDER_HEADER) {
+        out.push((HeaderName::from_static(PROVIDER_HEADER), provider.clone()));
+    } else if let Some(worker) = headers
+        .get(SPOKE_TARGET_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| t.rsplit('/').next())
+        .and_then(|w| HeaderValue::from_str(w).ok())
+    {
+        out.push((HeaderName::from_static(WORKER_HEADER), worker));
+    }
+    out
 }
 
 /// Size bounds for what an upstream sends back.
@@ -73,32 +119,79 @@ pub struct OpenAiUpstream {
     pub body: Option<Arc<Map<String, Value>>>,
     /// Response bounds.
     pub bounds: ResponseBounds,
+    /// A bearer API key (an external OpenAI-compatible provider; vLLM workers have none).
+    pub api_key: Option<Arc<str>>,
+    /// Set when this is a spoke's front door (the hub's upstream): the worker set the hub
+    /// chose, sent as `x-switchyard-worker-set` together with the request's class and tags,
+    /// so the spoke's own policies see what the hub's saw. Never set for an engine or an
+    /// external provider, which must not receive routing metadata.
+    pub spoke_worker_set: Option<Arc<str>>,
 }
 
 impl Upstream for OpenAiUpstream {
     fn send<'a>(&'a self, req: &'a InferenceRequest) -> BoxFuture<'a, Result<EventStream, SendError>> {
+        Box::pin(async move { self.answer(req).await.map(|a| a.events) })
+    }
+
+    fn answer<'a>(&'a self, req: &'a InferenceRequest) -> BoxFuture<'a, Result<Answer, SendError>> {
         Box::pin(async move {
             let path = if req.is_chat() { "/v1/chat/completions" } else { "/v1/completions" };
             let body = match &self.body {
                 Some(b) => b.clone(),
                 None => Arc::new(openai::upstream_body(req, &self.served_model)),
             };
-            let response =
-                self.client.post(format!("{}{path}", self.base_url)).json(&*body).send().await.map_err(|e| {
-                    if e.is_connect() {
-                        SendError::Connect(e.to_string())
-                    } else {
-                        SendError::Failed(GatewayError::upstream(format!("the worker failed: {e}")))
-                    }
-                })?;
+            let mut post = self.client.post(format!("{}{path}", self.base_url)).json(&*body);
+            if let Some(key) = &self.api_key {
+                post = post.bearer_auth(key);
+            }
+            if let Some(set) = &self.spoke_worker_set {
+                post = post.header(crate::server::WORKER_SET_HEADER, &**set);
+                if !req.tags.is_empty() {
+                    post = post.header(
+                        crate::server::TAGS_HEADER,
+                        req.tags.iter().map(String::as_str).collect::<Vec<_>>().join(","),
+                    );
+                }
+                if req.class == switchyard_core::request::RequestClass::Batch {
+                    post = post.header(crate::server::CLASS_HEADER, "batch");
+                }
+            }
+            let response = post.send().await.map_err(|e| {
+                if e.is_connect() || closed_before_answering(&e) {
+                    SendError::Connect(e.to_string())
+                } else {
+                    SendError::Failed(GatewayError::upstream(format!("the worker failed: {e}")))
+                }
+            })?;
             let status = response.status();
             if !status.is_success() {
                 let body = read_bounded(response, self.bounds.max_error_bytes).await;
                 return Err(SendError::Failed(error_from_upstream(status.as_u16(), &body)));
             }
-            Ok(sse_events(response.bytes_stream(), self.bounds.max_event_bytes))
+            let headers = if self.spoke_worker_set.is_some() { spoke_choice(response.headers()) } else { Vec::new() };
+            Ok(Answer { events: sse_events(response.bytes_stream(), self.bounds.max_event_bytes), headers })
         })
     }
+}
+
+/// Whether the peer closed or reset the connection before answering anything: a kept-alive
+/// connection to a process that has just died. Nothing of the request can be running there
+/// (the process is gone), so, like a refused connection, another target may be tried.
+fn closed_before_answering(e: &reqwest::Error) -> bool {
+    use std::io::ErrorKind as Io;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_incomplete_message()) {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(io.kind(), Io::ConnectionReset | Io::ConnectionAborted | Io::BrokenPipe)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// Reads at most `max` bytes of a response body.

@@ -38,7 +38,7 @@ impl Upstream for Fake {
                 Behaviour::Complete => Ok(Box::pin(futures::stream::iter(vec![
                     text(),
                     Ok(Event::Finish(FinishReason::Stop)),
-                    Ok(Event::Usage(Usage { prompt_tokens: 3, completion_tokens: 1, cached_tokens: 0 })),
+                    Ok(Event::Usage(Usage { prompt_tokens: 3, completion_tokens: 1, ..Usage::default() })),
                 ])) as EventStream),
                 Behaviour::Truncate => Ok(Box::pin(futures::stream::iter(vec![text()])) as EventStream),
                 Behaviour::Stall => {

@@ -11,6 +11,7 @@
 //! call get tool calls shaped and counted as vLLM's structured-output path produces them
 //! ([`tools`]).
 
+pub mod bedrock;
 pub mod calibrate;
 pub mod engine;
 pub mod faults;

@@ -38,6 +38,7 @@ impl Upstream for MemoryUpstream {
                 prompt_tokens: 16_000,
                 completion_tokens: OUTPUT_TOKENS,
                 cached_tokens: 15_984,
+                cache_write_tokens: 0,
             })));
             Ok(Box::pin(futures::stream::iter(events)) as EventStream)
         })

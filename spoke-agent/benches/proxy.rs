@@ -23,18 +23,13 @@ async fn ttft(client: &reqwest::Client, url: &str, model: &str) -> f64 {
     f64::NAN
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let (fleet, spoke, dir) = rt.block_on(common::fleet_and_spoke(1, true));
     let direct = format!("http://{}", fleet.workers[0].http);
     let via = format!("http://{}", spoke.addr);
     let client = reqwest::Client::new();
-    let (mut d, mut v) = rt.block_on(async {
+    let (d, v) = rt.block_on(async {
         for _ in 0..50 {
             ttft(&client, &direct, "sim-model").await;
             ttft(&client, &via, "sim-model").await;
@@ -46,16 +41,7 @@ fn bench(c: &mut Criterion) {
         }
         (d, v)
     });
-    let mut added: Vec<f64> = v.iter().zip(&d).map(|(a, b)| a - b).collect();
-    println!(
-        "TTFT direct p50 {:.3} ms p99 {:.3} ms; via spoke p50 {:.3} ms p99 {:.3} ms; added p50 {:.3} ms p99 {:.3} ms (1,000 interleaved pairs)",
-        percentile(&mut d, 0.5),
-        percentile(&mut d, 0.99),
-        percentile(&mut v, 0.5),
-        percentile(&mut v, 0.99),
-        percentile(&mut added, 0.5),
-        percentile(&mut added, 0.99)
-    );
+    println!("{}", common::added_ttft_report("TTFT", &d, &v));
     c.bench_function("spoke/ttft-via-spoke", |b| b.iter(|| rt.block_on(ttft(&client, &via, "sim-model"))));
     c.bench_function("spoke/ttft-direct", |b| b.iter(|| rt.block_on(ttft(&client, &direct, "sim-model"))));
     rt.block_on(async {

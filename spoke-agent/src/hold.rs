@@ -102,6 +102,19 @@ impl HoldLines {
         self.lock().sweep(set, worker, None);
     }
 
+    /// Requests held now for each worker of `sets`, in one pass under the lock.
+    pub fn held_for(&self, sets: &[String]) -> FxHashMap<(Name, Name), u32> {
+        let lines = self.lock();
+        let mut out: FxHashMap<(Name, Name), u32> = FxHashMap::default();
+        for set in sets {
+            let Some((name, line)) = lines.sets.get_key_value(set.as_str()) else { continue };
+            for held in line.values() {
+                *out.entry((name.clone(), held.worker.clone())).or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// Requests held now, per worker set (sets with none are left out).
     pub fn held(&self) -> Vec<(Name, usize)> {
         self.lock().sets.iter().map(|(s, l)| (s.clone(), l.len())).collect()

@@ -24,14 +24,14 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Path as AxPath, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value, json};
 use switchyard_core::Name;
-use switchyard_core::engine::{Outcome as Decided, RejectReason, Target as DecidedTarget};
+use switchyard_core::engine::{Outcome as Decided, Target as DecidedTarget};
 use switchyard_core::fleet::{DEFAULT_EXPECTED_OUTPUT_TOKENS, WorkerSet};
 use switchyard_core::pacing;
 use switchyard_core::predictor::TtftModel;
@@ -43,6 +43,8 @@ use switchyard_gateway::observe::{Booking, Dispatch, Observer, Outcome, Release}
 use switchyard_gateway::server::ServeConfig;
 use switchyard_gateway::upstream::{OpenAiUpstream, ResponseBounds, Upstream};
 use switchyard_gateway::{Backend, ErrorKind, GatewayError, InferenceRequest, Routed, Target, Usage, openai, plan};
+use switchyard_providers::Providers;
+use switchyard_providers::spill::{Spillover, spill_targets};
 use tokio::sync::watch;
 
 use crate::fidelity::{Mode, Sample};
@@ -116,7 +118,7 @@ pub struct App {
     /// Client for workers.
     pub client: reqwest::Client,
     /// Counters and histograms.
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// Recent decisions, by request id, with the fidelity mode of every set at the time.
     pub(crate) decisions: Mutex<VecDeque<DecisionTrace>>,
     /// Request counter (tie breaking only; never exposed).
@@ -130,6 +132,19 @@ pub struct App {
     /// Requests held by dispatch pacing, in line per worker set; a worker's ledger change (a
     /// first token, an end) wakes the ones it concerns.
     pub holds: crate::hold::HoldLines,
+    /// External providers of the current configuration (rebuilt when they change).
+    pub providers: std::sync::RwLock<Arc<Providers>>,
+    /// Spillover requests and their exact cost, per provider and model.
+    pub spill: Arc<Spillover>,
+    /// The hub link's state, when the spoke has a hub.
+    pub hub: Option<Arc<Mutex<crate::hub_client::HubStatus>>>,
+}
+
+impl App {
+    /// The providers now.
+    pub fn providers(&self) -> Arc<Providers> {
+        self.providers.read().map(|p| p.clone()).unwrap_or_else(|_| Arc::new(Providers::none()))
+    }
 }
 
 /// The spoke as a gateway backend.
@@ -158,20 +173,16 @@ struct SetTokens {
 }
 
 impl App {
-    /// Worker sets serving `model` (a public name or alias).
-    fn worker_sets(&self, topo: &Topology, model: &str) -> Result<Vec<String>, GatewayError> {
-        let models = resolve::expand(&topo.fleet, model).map_err(|e| GatewayError::model_not_found(e.to_string()))?;
-        let mut sets: Vec<String> = Vec::new();
-        for pm in &models {
-            if let Some(pool) = topo.fleet.models.get(pm).and_then(|p| topo.fleet.pools.get(&p.pool)) {
-                for ws in &pool.worker_sets {
-                    if !sets.contains(ws) {
-                        sets.push(ws.clone());
-                    }
-                }
-            }
+    /// Worker sets serving `model` (a public name or alias); only `pinned` when the request
+    /// names one (the hub's choice), which must serve the model.
+    fn worker_sets(&self, topo: &Topology, model: &str, pinned: Option<&str>) -> Result<Vec<String>, GatewayError> {
+        let sets =
+            resolve::worker_sets(&topo.fleet, model).map_err(|e| GatewayError::model_not_found(e.to_string()))?;
+        match pinned {
+            None => Ok(sets),
+            Some(p) if sets.iter().any(|s| s == p) => Ok(vec![p.to_owned()]),
+            Some(p) => Err(GatewayError::invalid(format!("worker set `{p}` does not serve model `{model}` here"))),
         }
-        Ok(sets)
     }
 
     /// Tokens of `req` as the engines of `set` will compute them, with the body they were
@@ -210,15 +221,6 @@ impl App {
                 tracing::warn!(worker_set = %set, error = %msg, "tokenization unavailable; routing this set by load");
                 Ok(None)
             }
-        }
-    }
-}
-
-fn reject_error(reason: RejectReason, message: String) -> GatewayError {
-    match reason {
-        RejectReason::ModelNotFound | RejectReason::AliasCycle => GatewayError::model_not_found(message),
-        RejectReason::NoLocalCapacity | RejectReason::NoCandidate => {
-            GatewayError::new(ErrorKind::NoCapacity, "no_capacity", message)
         }
     }
 }
@@ -313,10 +315,14 @@ impl SpokeBackend {
                 (s.as_str(), (ttft, topo.fleet.worker_sets.get(s).filter(|ws| ws.replicate_engines)))
             })
             .collect();
-        let snapshot = plan::snapshot(workers.iter().map(|w| {
+        let held = app.holds.held_for(sets);
+        let mut snapshot = plan::snapshot(workers.iter().map(|w| {
             let (ttft, replicated) = set_models.get(&*w.key.worker_set).copied().unwrap_or((None, None));
-            (w.key.clone(), worker_view(w, replicated, ttft, now_ms))
+            let held = held.get(&(w.key.worker_set.clone(), w.key.worker.clone())).copied().unwrap_or(0);
+            (w.key.clone(), worker_view(w, replicated, ttft, now_ms, held))
         }));
+        let providers = app.providers();
+        snapshot.providers = providers.states(Instant::now());
         let started = Instant::now();
         let decision = plan::plan(&topo.fleet, &snapshot, &features);
         app.metrics.observe(m::DECISION_SECONDS, &[], started.elapsed().as_secs_f64());
@@ -341,17 +347,20 @@ impl SpokeBackend {
         };
         match &decision.outcome {
             Decided::Route { target: DecidedTarget::Worker { .. } } => {}
-            Decided::Route { target: DecidedTarget::Provider { provider, .. } } => {
-                let err = GatewayError::new(
-                    ErrorKind::NoCapacity,
-                    "spillover_unavailable",
-                    format!("no local worker is available and spillover to `{provider}` is handled by the hub"),
-                );
-                app.log_decision(trace(decision, Vec::new()));
-                return Err(err);
+            Decided::Route { target: DecidedTarget::Provider { .. } } => {
+                // Spillover: the decision's provider candidates, in rank order (already
+                // filtered by the policy, residency and availability); never a worker.
+                let targets = spill_targets(&decision, &topo.fleet, &providers, &app.spill, &req.id);
+                let labels = targets.iter().map(|t| t.label().to_owned()).collect();
+                let headers = [("x-switchyard-route", "spillover"), ("x-switchyard-policy", decision.policy.as_str())]
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((HeaderName::from_static(k), HeaderValue::from_str(v).ok()?)))
+                    .collect();
+                app.log_decision(trace(decision, labels));
+                return Ok(Placement::Send(Routed { targets, prompt_tokens, headers }));
             }
             Decided::Reject { reason, message } => {
-                let err = reject_error(*reason, message.clone());
+                let err = plan::rejection(*reason, message.clone());
                 app.log_decision(trace(decision, Vec::new()));
                 return Err(err);
             }
@@ -415,6 +424,8 @@ impl SpokeBackend {
                     served_model: served_model.to_string(),
                     body: per_set.get(&*key.worker_set).map(|t| t.body.clone()),
                     bounds: app.limits.bounds,
+                    api_key: None,
+                    spoke_worker_set: None,
                 },
                 app: app.clone(),
                 index: set.index.clone(),
@@ -452,7 +463,7 @@ impl Backend for SpokeBackend {
     async fn count_tokens(&self, req: Arc<InferenceRequest>) -> Result<u32, GatewayError> {
         let app = &self.0;
         let topo = app.topology.borrow().clone();
-        for set in app.worker_sets(&topo, &req.model)? {
+        for set in app.worker_sets(&topo, &req.model, req.worker_set.as_deref())? {
             if let Some(prompt) = app.tokens_for(&topo, &set, &req).await? {
                 return Ok(prompt.tokens.len() as u32);
             }
@@ -463,7 +474,7 @@ impl Backend for SpokeBackend {
     async fn route(&self, req: Arc<InferenceRequest>) -> Result<Routed, GatewayError> {
         let app = &self.0;
         let topo = app.topology.borrow().clone();
-        let sets = app.worker_sets(&topo, &req.model)?;
+        let sets = app.worker_sets(&topo, &req.model, req.worker_set.as_deref())?;
         let mut prompts = Vec::with_capacity(sets.len());
         for name in &sets {
             if let Some(prompt) = app.tokens_for(&topo, name, &req).await? {
@@ -517,6 +528,7 @@ fn worker_view(
     replicated: Option<&WorkerSet>,
     ttft: Option<TtftModel>,
     now_ms: f64,
+    held_requests: u32,
 ) -> plan::WorkerView {
     let (engine, _) = w.load.engine();
     let outlook = replicated.and_then(|ws| {
@@ -534,6 +546,7 @@ fn worker_view(
         kv_usage: engine.kv_usage,
         unstarted_requests: w.load.inflight_unstarted.load(Ordering::Relaxed) as u32,
         unstarted_prefill_tokens: w.load.inflight_prefill_tokens.load(Ordering::Relaxed),
+        held_requests,
         ttft,
         outlook,
     }
@@ -943,7 +956,18 @@ async fn status(State(app): State<Shared>) -> Response {
         })
         .collect();
     let source = app.source_status.lock().map(|s| json!(*s)).unwrap_or(Value::Null);
-    axum::Json(json!({"generation": app.topology.borrow().generation, "config": source, "workerSets": sets, "workers": workers})).into_response()
+    // Spillover by provider model, with its exact cost as a decimal string.
+    let spillover = app.spill.status();
+    axum::Json(json!({
+        "generation": app.topology.borrow().generation,
+        "config": source,
+        "workerSets": sets,
+        "workers": workers,
+        "providers": app.providers().status(),
+        "spillover": spillover,
+        "hub": app.hub.as_ref().and_then(|h| h.lock().ok().map(|h| json!(*h))),
+    }))
+    .into_response()
 }
 
 async fn debug_decision(State(app): State<Shared>, AxPath(id): AxPath<String>) -> Response {

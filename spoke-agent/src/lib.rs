@@ -5,13 +5,16 @@
 //! reconciles live workers (per worker: [`kv_subscriber`] feeding the set's [`index`], and a
 //! [`load`] scraper) → the gateway's front door (OpenAI and Anthropic) with [`http`]'s
 //! backend: [`tokenize`], index lookup, the shared planning step, booking, and observers for
-//! [`fidelity`], [`calibration`] and the load ledger. Every task has an owner and stops on [`Spoke::shutdown`].
+//! [`fidelity`], [`calibration`] and the load ledger. With a hub, [`hub_client`] keeps one
+//! mutual-TLS stream to it and reports this cluster's load; the front door never waits on it.
+//! Every task has an owner and stops on [`Spoke::shutdown`].
 
 pub mod calibration;
 pub mod cli_args;
 pub mod fidelity;
 pub mod hold;
 pub mod http;
+pub mod hub_client;
 pub mod index;
 pub mod kv_subscriber;
 pub mod kv_wire;
@@ -41,6 +44,8 @@ use switchyard_gateway::server::{FrontDoor, api_router, serve};
 use crate::http::{App, Limits, SpokeBackend};
 use crate::registry::Registry;
 use crate::source::SourceStatus;
+use switchyard_providers::spill::{SpillMetricNames, Spillover};
+use switchyard_providers::{Providers, SecretFiles};
 
 /// Default listen address: loopback only unless configured.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -62,6 +67,10 @@ pub struct SpokeConfig {
     pub reload_interval: Duration,
     /// Request-path limits.
     pub limits: Limits,
+    /// Where Kubernetes Secrets referenced by providers are mounted (`DIR/NAME/KEY`).
+    pub secrets_dir: Option<PathBuf>,
+    /// The hub to report to, if any.
+    pub hub: Option<hub_client::HubLink>,
 }
 
 impl SpokeConfig {
@@ -73,6 +82,8 @@ impl SpokeConfig {
             config_paths,
             reload_interval: DEFAULT_RELOAD_INTERVAL,
             limits: Limits::default(),
+            secrets_dir: None,
+            hub: None,
         }
     }
 }
@@ -116,6 +127,26 @@ async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr),
     Ok((listener, bound))
 }
 
+/// The providers' configuration, for change detection.
+fn providers_key(topo: &topology::Topology) -> String {
+    serde_json::to_string(&topo.fleet.providers).unwrap_or_default()
+}
+
+/// Clients for the configuration's providers; one that cannot be built is logged and stays
+/// unavailable.
+async fn build_providers(
+    topo: &topology::Topology,
+    secrets: &SecretFiles,
+    client: &reqwest::Client,
+    bounds: switchyard_gateway::upstream::ResponseBounds,
+) -> Providers {
+    let (providers, failures) = Providers::build(&topo.fleet, secrets, client.clone(), bounds).await;
+    for (name, error) in failures {
+        tracing::error!(provider = %name, %error, "provider unavailable: its client could not be built");
+    }
+    providers
+}
+
 impl Spoke {
     /// Loads the configuration, starts every worker's tasks, the front door and the admin
     /// listener.
@@ -130,6 +161,8 @@ impl Spoke {
             .map_err(|e| StartError::Client(e.to_string()))?;
         let registry = Arc::new(Registry::new(client.clone(), shutdown.child_token(), cfg.limits.max_kv_message_bytes));
         registry.reconcile(&topo).await;
+        let secrets = SecretFiles { dir: cfg.secrets_dir.clone() };
+        let providers = build_providers(&topo, &secrets, &client, cfg.limits.bounds).await;
         let (tx, rx) = watch::channel(topo);
         let status = Arc::new(Mutex::new(SourceStatus { generation: 1, last_error: None }));
         let mut tasks = Vec::new();
@@ -140,12 +173,39 @@ impl Spoke {
             status.clone(),
             shutdown.clone(),
         )));
-        // Reconcile on every published snapshot.
+        let cpu = CpuPool::new(cfg.limits.cpu_threads);
+        let metrics = Arc::new(metrics::spoke_metrics());
+        let app = Arc::new(App {
+            registry: registry.clone(),
+            topology: rx.clone(),
+            client,
+            metrics: metrics.clone(),
+            decisions: Mutex::new(VecDeque::new()),
+            next_request: AtomicU64::new(0),
+            limits: cfg.limits.clone(),
+            source_status: status,
+            cpu: cpu.clone(),
+            holds: hold::HoldLines::default(),
+            providers: std::sync::RwLock::new(Arc::new(providers)),
+            spill: Arc::new(Spillover::new(
+                metrics.clone(),
+                SpillMetricNames {
+                    requests_total: metric_names::PROVIDER_REQUESTS_TOTAL,
+                    cost_usd_total: metric_names::PROVIDER_COST_USD_TOTAL,
+                },
+            )),
+            hub: cfg.hub.as_ref().map(|_| Arc::new(Mutex::new(hub_client::HubStatus::default()))),
+        });
+
+        // Reconcile on every published snapshot; rebuild the providers' clients when their
+        // resources change (the old clients finish the requests they carry).
         {
             let registry = registry.clone();
+            let app = app.clone();
             let mut rx = rx.clone();
             let stop = shutdown.clone();
             tasks.push(tokio::spawn(async move {
+                let mut providers_seen = providers_key(&rx.borrow());
                 loop {
                     tokio::select! {
                         changed = rx.changed() => if changed.is_err() { return },
@@ -153,24 +213,23 @@ impl Spoke {
                     }
                     let topo = rx.borrow_and_update().clone();
                     registry.reconcile(&topo).await;
+                    let key = providers_key(&topo);
+                    if key != providers_seen {
+                        providers_seen = key;
+                        let built = build_providers(&topo, &secrets, &app.client, app.limits.bounds).await;
+                        if let Ok(mut slot) = app.providers.write() {
+                            *slot = Arc::new(built);
+                        }
+                    }
                 }
             }));
         }
-        let cpu = CpuPool::new(cfg.limits.cpu_threads);
-        let app = Arc::new(App {
-            registry: registry.clone(),
-            topology: rx,
-            client,
-            metrics: metrics::Metrics::default(),
-            decisions: Mutex::new(VecDeque::new()),
-            next_request: AtomicU64::new(0),
-            limits: cfg.limits.clone(),
-            source_status: status,
-            cpu: cpu.clone(),
-            holds: hold::HoldLines::default(),
-        });
         let (listener, addr) = bind(cfg.listen).await?;
         let (admin_listener, admin_addr) = bind(cfg.admin_listen).await?;
+        if let (Some(mut link), Some(status)) = (cfg.hub.clone(), app.hub.clone()) {
+            link.front_door_url.get_or_insert_with(|| format!("http://{addr}"));
+            tasks.push(tokio::spawn(hub_client::run(app.clone(), link, status, shutdown.clone())));
+        }
         let front = Arc::new(FrontDoor::new(SpokeBackend(app.clone()), cpu, cfg.limits.front.clone()));
         let expired = front.expired.clone();
         tasks.push(tokio::spawn(serve(

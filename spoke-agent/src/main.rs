@@ -26,6 +26,11 @@ struct Args {
     /// Admin address (status, metrics, decision traces).
     #[arg(long, default_value = DEFAULT_ADMIN_LISTEN)]
     admin_listen: SocketAddr,
+    /// Where Kubernetes Secrets referenced by providers are mounted (`DIR/NAME/KEY`).
+    #[arg(long, value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
+    #[command(flatten)]
+    hub: switchyard_spoke::hub_client::HubArgs,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -48,6 +53,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         config_paths: args.config,
         reload_interval: DEFAULT_RELOAD_INTERVAL,
         limits,
+        secrets_dir: args.secrets_dir,
+        hub: args.hub.link(),
     })
     .await
     .context("starting the spoke")?;

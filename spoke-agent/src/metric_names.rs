@@ -12,6 +12,10 @@
 pub const REQUESTS_TOTAL: &str = "switchyard_spoke_requests_total";
 /// Routing decisions, by worker set, worker and outcome.
 pub const DECISIONS_TOTAL: &str = "switchyard_spoke_decisions_total";
+/// Requests spilled to external providers, by provider, model and outcome.
+pub const PROVIDER_REQUESTS_TOTAL: &str = "switchyard_spoke_provider_requests_total";
+/// Cost of spilled requests in US dollars, by provider and model (exact sums in `/status`).
+pub const PROVIDER_COST_USD_TOTAL: &str = "switchyard_spoke_provider_cost_usd_total";
 /// Decision latency, seconds.
 pub const DECISION_SECONDS: &str = "switchyard_spoke_decision_seconds";
 /// Tokenization of a request's prompt before its routing decision, seconds, per worker set.
@@ -52,42 +56,9 @@ pub const WORKER_HEALTHY: &str = "switchyard_spoke_worker_healthy";
 /// Requests in flight through the spoke, per worker.
 pub const WORKER_INFLIGHT: &str = "switchyard_spoke_worker_inflight_requests";
 
-/// The Prometheus type of a metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Monotonic; the exported name ends in `_total`.
-    Counter,
-    /// A value that goes up and down.
-    Gauge,
-    /// Latency buckets, sum and count.
-    Histogram,
-}
-
-/// Where a metric's values come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Updated on the request path through `Metrics::inc` / `Metrics::observe`.
-    Recorded,
-    /// Read from live state at scrape time and passed to `Metrics::render`.
-    Scraped,
-}
-
-/// One exported metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Spec {
-    /// The exported name (see the module grammar).
-    pub name: &'static str,
-    /// `# HELP` text, without the final full stop (the encoder appends one).
-    pub help: &'static str,
-    /// The Prometheus type.
-    pub kind: Kind,
-    /// Where the values come from.
-    pub source: Source,
-}
-
-const fn spec(name: &'static str, help: &'static str, kind: Kind, source: Source) -> Spec {
-    Spec { name, help, kind, source }
-}
+use switchyard_gateway::metrics::spec;
+pub use switchyard_gateway::metrics::{Kind, Source, Spec};
+use switchyard_providers::spill;
 
 /// Every metric the spoke exports.
 pub const CATALOGUE: &[Spec] = {
@@ -96,6 +67,8 @@ pub const CATALOGUE: &[Spec] = {
     &[
         spec(REQUESTS_TOTAL, "Requests received at the front door, by route and status class", Counter, Recorded),
         spec(DECISIONS_TOTAL, "Routing decisions, by worker set and worker", Counter, Recorded),
+        spec(PROVIDER_REQUESTS_TOTAL, spill::REQUESTS_TOTAL_HELP, Counter, Recorded),
+        spec(PROVIDER_COST_USD_TOTAL, spill::COST_USD_TOTAL_HELP, Counter, Recorded),
         spec(DECISION_SECONDS, "Routing decision latency in seconds", Histogram, Recorded),
         spec(
             TOKENIZE_SECONDS,

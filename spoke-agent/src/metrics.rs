@@ -1,190 +1,11 @@
-//! The spoke's Prometheus metrics, on the `prometheus-client` crate.
-//!
-//! Two kinds of series, both catalogued in [`crate::metric_names`]:
-//!
-//! - **Recorded** counters and histograms, updated on the request path through
-//!   [`Metrics::inc`] and [`Metrics::observe`]. Each is a [`Family`] keyed by its label
-//!   pairs, registered once in a [`Registry`] when [`Metrics`] is built; the name → family
-//!   map is immutable afterwards, so an observation takes no global lock. A family
-//!   finds an existing label set under an `RwLock` *read* lock (uncontended between
-//!   observers); only the first observation of a new label set takes the family's write
-//!   lock. A counter is then a lock-free atomic add; a histogram observation takes that one
-//!   series' own mutex.
-//! - **Scraped** counters and gauges (worker health, in-flight requests, index blocks, KV
-//!   event counts and lag, fidelity mode), read from live state by the `/metrics` handler
-//!   and passed to [`Metrics::render`], which encodes them through a scrape-local registry.
-//!
-//! [`Metrics::render`] writes the Prometheus text format, version 0.0.4, with
-//! `prometheus-client`'s encoder (serve it as [`CONTENT_TYPE`]). Names are exported
-//! exactly as written in [`crate::metric_names`]: counters are registered without their
-//! `_total` suffix because the encoder appends it. Series never observed are not
-//! exported, and families come out in catalogue order, series within a family in no
-//! particular order.
+//! The spoke's metrics: the shared engine ([`switchyard_gateway::metrics`]) over the spoke's
+//! catalogue ([`crate::metric_names::CATALOGUE`]).
 
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+pub use switchyard_gateway::metrics::{CONTENT_TYPE, LATENCY_BUCKETS, Labels, Metrics, labels};
 
-use prometheus_client::encoding::prometheus_text;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
-
-use crate::metric_names::{self, Kind, Source};
-
-/// Upper bounds of the latency histograms, seconds (`+Inf` is implicit).
-pub const LATENCY_BUCKETS: [f64; 15] =
-    [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
-
-/// The `Content-Type` of [`Metrics::render`]'s output: Prometheus text, version 0.0.4.
-pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
-
-/// A series' label pairs, in the order given.
-pub type Labels = Vec<(String, String)>;
-
-type CounterFamily = Family<Labels, Counter<f64, AtomicU64>>;
-type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
-type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
-
-/// The recorded counters and histograms (see the module documentation).
-pub struct Metrics {
-    registry: Registry,
-    counters: HashMap<&'static str, CounterFamily>,
-    histograms: HashMap<&'static str, HistogramFamily>,
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics")
-            .field("counters", &self.counters.len())
-            .field("histograms", &self.histograms.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for Metrics {
-    /// Registers every recorded metric of [`metric_names::CATALOGUE`].
-    fn default() -> Self {
-        let mut registry = Registry::default();
-        let mut counters = HashMap::new();
-        let mut histograms = HashMap::new();
-        for spec in metric_names::CATALOGUE.iter().filter(|s| s.source == Source::Recorded) {
-            match spec.kind {
-                Kind::Counter => {
-                    let family = CounterFamily::default();
-                    registry.register(counter_stem(spec.name), spec.help, family.clone());
-                    counters.insert(spec.name, family);
-                }
-                Kind::Histogram => {
-                    let family = HistogramFamily::new_with_constructor(latency_histogram);
-                    registry.register(spec.name, spec.help, family.clone());
-                    histograms.insert(spec.name, family);
-                }
-                // Nothing on the request path sets a gauge; gauges are scraped.
-                Kind::Gauge => {}
-            }
-        }
-        Self { registry, counters, histograms }
-    }
-}
-
-/// The label set of `pairs`, for [`Metrics::render`]'s scraped series.
-pub fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
-}
-
-fn latency_histogram() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS)
-}
-
-/// The name a counter is registered under: the encoder appends `_total` itself.
-fn counter_stem(name: &str) -> &str {
-    name.strip_suffix("_total").unwrap_or(name)
-}
-
-fn help(name: &str) -> &'static str {
-    metric_names::lookup(name).map_or("Switchyard spoke metric", |s| s.help)
-}
-
-#[cold]
-fn unregistered(name: &str, what: &str) {
-    tracing::warn!(metric = name, "{what} of a metric not registered as recorded in metric_names::CATALOGUE; dropped");
-}
-
-impl Metrics {
-    /// Adds `by` (finite, non-negative) to a recorded counter.
-    pub fn inc(&self, name: &'static str, pairs: &[(&str, &str)], by: f64) {
-        if !by.is_finite() || by < 0.0 {
-            return;
-        }
-        match self.counters.get(name) {
-            Some(family) => {
-                family.get_or_create(&labels(pairs)).inc_by(by);
-            }
-            None => unregistered(name, "increment"),
-        }
-    }
-
-    /// Records a latency in seconds into a recorded histogram.
-    pub fn observe(&self, name: &'static str, pairs: &[(&str, &str)], seconds: f64) {
-        match self.histograms.get(name) {
-            Some(family) => family.get_or_create(&labels(pairs)).observe(seconds),
-            None => unregistered(name, "observation"),
-        }
-    }
-
-    /// The exposition of the recorded series, then the live `counters` and `gauges` read
-    /// from state at scrape time, each as `(name, labels, value)`. A scraped counter
-    /// listed twice with the same labels is summed; a gauge keeps its last value.
-    pub fn render(&self, counters: &[(&'static str, Labels, f64)], gauges: &[(&'static str, Labels, f64)]) -> String {
-        let mut scraped = Registry::default();
-        let mut counter_families: Vec<(&str, CounterFamily)> = Vec::new();
-        for (name, l, v) in counters {
-            if let Some(family) = self.scraped_family(&mut scraped, &mut counter_families, name, counter_stem(name)) {
-                family.get_or_create(l).inc_by(*v);
-            }
-        }
-        let mut gauge_families: Vec<(&str, GaugeFamily)> = Vec::new();
-        for (name, l, v) in gauges {
-            if let Some(family) = self.scraped_family(&mut scraped, &mut gauge_families, name, name) {
-                family.get_or_create(l).set(*v);
-            }
-        }
-
-        let mut out = String::new();
-        for registry in [&self.registry, &scraped] {
-            if let Err(e) = prometheus_text::encode(&mut out, registry) {
-                tracing::warn!(error = %e, "encoding metrics failed");
-            }
-        }
-        out
-    }
-
-    /// The scrape-local family of `name`, registered (as `register_as`) on first use;
-    /// `None` when a recorded family already exports that name.
-    fn scraped_family<F>(
-        &self,
-        scraped: &mut Registry,
-        families: &mut Vec<(&'static str, F)>,
-        name: &'static str,
-        register_as: &str,
-    ) -> Option<F>
-    where
-        F: Default + Clone + prometheus_client::registry::Metric,
-    {
-        if self.counters.contains_key(name) || self.histograms.contains_key(name) {
-            unregistered(name, "scraped value");
-            return None;
-        }
-        if let Some((_, f)) = families.iter().find(|(n, _)| *n == name) {
-            return Some(f.clone());
-        }
-        let family = F::default();
-        scraped.register(register_as, help(name), family.clone());
-        families.push((name, family.clone()));
-        Some(family)
-    }
+/// The spoke's recorded metrics, registered from its catalogue.
+pub fn spoke_metrics() -> Metrics {
+    Metrics::new(crate::metric_names::CATALOGUE)
 }
 
 #[cfg(test)]
@@ -192,7 +13,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::metric_names as m;
+    use crate::metric_names::{self as m, Kind, Source};
 
     /// Sample lines as `name{labels}` → value, checking the exposition's structure on the
     /// way: every sample belongs to the family of the last `# TYPE` line, and no family is
@@ -227,7 +48,7 @@ mod tests {
 
     #[test]
     fn labelled_counters_accumulate() {
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         let chat = [("route", "chat"), ("status", "2xx")];
         metrics.inc(m::REQUESTS_TOTAL, &chat, 1.0);
         metrics.inc(m::REQUESTS_TOTAL, &chat, 2.0);
@@ -247,7 +68,7 @@ mod tests {
 
     #[test]
     fn concurrent_increments_are_not_lost() {
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         std::thread::scope(|s| {
             for t in 0..4 {
                 let metrics = &metrics;
@@ -268,7 +89,7 @@ mod tests {
 
     #[test]
     fn histograms_render_buckets_sum_and_count() {
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         let a = [("worker_set", "a")];
         for v in [0.000_976_562_5, 0.25, 100.0] {
             metrics.observe(m::TTFT_SECONDS, &a, v);
@@ -299,7 +120,7 @@ mod tests {
 
     #[test]
     fn scraped_series_render_with_escaped_labels() {
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         metrics.inc(m::REQUESTS_TOTAL, &[("route", "chat"), ("status", "2xx")], 1.0);
         let w1 = labels(&[("worker_set", "a"), ("worker", "w\"1\\")]);
         let w2 = labels(&[("worker_set", "a"), ("worker", "w2")]);
@@ -330,9 +151,9 @@ mod tests {
 
     #[test]
     fn every_catalogued_name_is_exported_verbatim() {
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         let (mut counters, mut gauges) = (Vec::new(), Vec::new());
-        for spec in metric_names::CATALOGUE {
+        for spec in m::CATALOGUE {
             match (spec.source, spec.kind) {
                 (Source::Recorded, Kind::Counter) => metrics.inc(spec.name, &[("worker_set", "a")], 1.0),
                 (Source::Recorded, Kind::Histogram) => metrics.observe(spec.name, &[], 0.1),
@@ -344,7 +165,7 @@ mod tests {
         }
         let text = metrics.render(&counters, &gauges);
         let s = samples(&text);
-        for spec in metric_names::CATALOGUE {
+        for spec in m::CATALOGUE {
             let kind = match spec.kind {
                 Kind::Counter => "counter",
                 Kind::Gauge => "gauge",
@@ -359,7 +180,7 @@ mod tests {
 
     #[test]
     fn unregistered_names_are_dropped() {
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         metrics.inc("switchyard_spoke_unknown_total", &[], 1.0);
         metrics.observe(m::REQUESTS_TOTAL, &[], 1.0);
         assert_eq!(metrics.render(&[], &[]), "");
@@ -380,7 +201,7 @@ mod tests {
             eprintln!("skipped: no Python with prometheus_client");
             return;
         };
-        let metrics = Metrics::default();
+        let metrics = spoke_metrics();
         metrics.inc(m::REQUESTS_TOTAL, &[("route", "chat"), ("status", "2xx")], 3.0);
         metrics.observe(m::TTFT_SECONDS, &[("worker_set", "a")], 0.3);
         let l = labels(&[("worker_set", "a"), ("worker", "w\"1\\\n")]);

@@ -1,5 +1,5 @@
 """`switchyard up --engine vllm`: the one-command local fleet on real vLLM workers, served to
-the official `openai` SDK through the spoke, with cache-aware routing visible in
+the official `openai` SDK through the hub and the spoke, with cache-aware routing visible in
 `cached_tokens`."""
 
 import os
@@ -30,14 +30,19 @@ def test_up_with_real_vllm_workers_serves_the_openai_sdk(engine_pool, tmp_path):
         while True:
             assert proc.poll() is None, log.read_text()
             try:
-                if httpx.get(f"http://127.0.0.1:{admin}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{admin}/readyz", timeout=2).status_code == 200 \
+                        and "Front door" in log.read_text():
                     break
             except httpx.HTTPError:
                 pass
             assert time.time() < deadline, log.read_text()
             time.sleep(1)
+        # The admin listener is the hub's: one cluster whose spoke reports both engines healthy
+        # (`up` is ready only then).
         status = httpx.get(f"http://127.0.0.1:{admin}/status", timeout=5).json()
-        assert len(status["workers"]) == 2 and all(w["healthy"] for w in status["workers"]), status
+        assert [c["cluster"] for c in status["clusters"]] == ["east"], status
+        (ws,) = status["clusters"][0]["workerSets"]
+        assert ws["workers"] == 2 and ws["load"]["healthyWorkers"] == 2, status
         assert "real vLLM" in log.read_text()
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
@@ -50,7 +55,7 @@ def test_up_with_real_vllm_workers_serves_the_openai_sdk(engine_pool, tmp_path):
                 model="standard-model", max_tokens=4,
                 messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}])
             chat = raw.parse()
-            targets.add(raw.headers["x-switchyard-target"])
+            targets.add((raw.headers["x-switchyard-target"], raw.headers["x-switchyard-worker"]))
             cached = chat.usage.prompt_tokens_details.cached_tokens
             if first_cached is None:
                 first_cached, prompt_tokens = cached, chat.usage.prompt_tokens

@@ -13,7 +13,22 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// `workers` simulated workers (zero step time, KV events on when `kv_events`) in one worker
 /// set `s` of model `sim-model` with 16-token blocks, and a spoke routing to them; every
 /// worker has been scraped once this returns. Remove the returned directory when done.
+#[allow(dead_code)] // Each bench is its own crate; the provider bench uses the other one.
 pub async fn fleet_and_spoke(workers: u32, kv_events: bool) -> (Fleet, Spoke, PathBuf) {
+    fleet_and_spoke_with(workers, kv_events, "", "", None).await
+}
+
+/// [`fleet_and_spoke`] with `pool_members` added to the pool (`, {provider: p, model: m}`),
+/// `extra_documents` (each starting with `---\n`) added to the configuration, and the spoke
+/// reading Secrets from `secrets_dir`.
+#[allow(dead_code)] // Each bench is its own crate; not every one spills over.
+pub async fn fleet_and_spoke_with(
+    workers: u32,
+    kv_events: bool,
+    pool_members: &str,
+    extra_documents: &str,
+    secrets_dir: Option<PathBuf>,
+) -> (Fleet, Spoke, PathBuf) {
     let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/files");
     let fleet = Fleet::start(SimConfig {
         time_scale: 0.0,
@@ -45,7 +60,7 @@ pub async fn fleet_and_spoke(workers: u32, kv_events: bool) -> (Fleet, Spoke, Pa
     std::fs::write(
         dir.join("fleet.yaml"),
         format!(
-            "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: s}}\nspec:\n  model: sim-model\n  cluster: c\n  endpoints:\n    static: [{}]\n  kvEvents: {{enabled: {kv_events}}}\n  kvBlockSize: 16\n  tokenizer: {{source: Files, path: {}}}\n---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: p}}\nspec:\n  members: [{{workerSet: s}}]\n---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: g}}\nspec:\n  models: [{{name: sim-model, pool: p}}]\n",
+            "apiVersion: switchyard.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: s}}\nspec:\n  model: sim-model\n  cluster: c\n  endpoints:\n    static: [{}]\n  kvEvents: {{enabled: {kv_events}}}\n  kvBlockSize: 16\n  tokenizer: {{source: Files, path: {}}}\n---\napiVersion: switchyard.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: p}}\nspec:\n  members: [{{workerSet: s}}{pool_members}]\n---\napiVersion: switchyard.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {{name: g}}\nspec:\n  models: [{{name: sim-model, pool: p}}]\n{extra_documents}",
             endpoints.join(", "),
             tokenizer.display()
         ),
@@ -53,6 +68,7 @@ pub async fn fleet_and_spoke(workers: u32, kv_events: bool) -> (Fleet, Spoke, Pa
     .expect("config");
     let spoke = Spoke::start(SpokeConfig {
         reload_interval: Duration::from_secs(60),
+        secrets_dir,
         ..SpokeConfig::loopback(vec![dir.clone()])
     })
     .await
@@ -69,4 +85,25 @@ pub async fn fleet_and_spoke(workers: u32, kv_events: bool) -> (Fleet, Spoke, Pa
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     (fleet, spoke, dir)
+}
+
+/// The percentile line of interleaved (direct, via spoke) TTFT pairs in milliseconds.
+#[allow(dead_code)] // Not every bench measures pairs.
+pub fn added_ttft_report(what: &str, direct: &[f64], via: &[f64]) -> String {
+    fn percentile(v: &[f64], p: f64) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    }
+    let added: Vec<f64> = via.iter().zip(direct).map(|(a, b)| a - b).collect();
+    format!(
+        "{what} direct p50 {:.3} ms p99 {:.3} ms; via spoke p50 {:.3} ms p99 {:.3} ms; added p50 {:.3} ms p99 {:.3} ms ({} interleaved pairs)",
+        percentile(direct, 0.5),
+        percentile(direct, 0.99),
+        percentile(via, 0.5),
+        percentile(via, 0.99),
+        percentile(&added, 0.5),
+        percentile(&added, 0.99),
+        added.len()
+    )
 }

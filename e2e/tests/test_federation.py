@@ -1,0 +1,556 @@
+"""The federation link through real processes over real mutual TLS: `switchyard certs` issues
+the certificates, `switchyard hub` accepts spokes, `switchyard spoke --hub` reports to it.
+Who gets in, who is refused, and how the hub's view follows spokes and hubs that die and come
+back; a spoke's front door never depends on its hub."""
+
+import json
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import free_port, spoke_config, stop_process, switchyard_bin
+
+
+class HubProc:
+    def __init__(self, proc, ready, log):
+        self.proc = proc
+        self.api = ready["url"]
+        self.url = ready["federation"]
+        self.admin = ready["admin"]
+        self.log = log
+
+    def status(self):
+        return httpx.get(self.admin + "/status", timeout=5).json()
+
+    def metrics(self):
+        return httpx.get(self.admin + "/metrics", timeout=5).text
+
+    def live(self):
+        return self.status()["liveClusters"]
+
+
+@pytest.fixture
+def certs():
+    out = Path(tempfile.mkdtemp(prefix="certs-"))
+    done = subprocess.run([switchyard_bin(), "certs", "--out", str(out), "--cluster", "east", "--cluster", "west"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "CA created" in done.stdout, done.stdout
+    return out
+
+
+@pytest.fixture
+def start_hub():
+    started = []
+
+    def start(tls_dir, port=0, config=None, extra_args=()):
+        tmp = Path(tempfile.mkdtemp(prefix="hub-"))
+        ready, log = tmp / "ready.json", tmp / "hub.log"
+        extra = []
+        if config is not None:
+            (tmp / "fleet.yaml").write_text(config)
+            extra = ["--config", str(tmp / "fleet.yaml")]
+        proc = subprocess.Popen([switchyard_bin(), "hub", "--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0",
+                                 "--api-listen", "127.0.0.1:0", "--tls-dir", str(tls_dir), "--ready-file", str(ready),
+                                 "--load-interval-ms", "200", "--lost-after-ms", "1500", *extra, *extra_args],
+                                stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"hub did not start: {log.read_text()}")
+            time.sleep(0.05)
+        hub = HubProc(proc, json.loads(ready.read_text()), log)
+        started.append(hub)
+        return hub
+
+    yield start
+    for h in started:
+        stop_process(h.proc)
+
+
+def cluster_config(sim, cluster, region):
+    text = spoke_config([sim], worker_set=f"{cluster}-set")
+    assert text.count("  cluster: test\n") == 1
+    return text.replace("  cluster: test\n", f"  cluster: {cluster}\n  region: {region}\n")
+
+
+def hub_flags(hub, certs, cluster, tls_cluster=None):
+    return ("--hub", hub.url, "--cluster", cluster, "--tls-dir", str(certs / "clusters" / (tls_cluster or cluster)))
+
+
+def wait_for(what, predicate, timeout=10.0, step=0.05):
+    t0 = time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout} s"
+        time.sleep(step)
+
+
+def test_spokes_report_their_clusters_to_the_hub(certs, start_hub, start_sim, start_spoke):
+    hub = start_hub(certs / "hub")
+    sim_east = start_sim()
+    east = start_spoke(cluster_config(sim_east, "east", "eu-west"), *hub_flags(hub, certs, "east"))
+    west = start_spoke(cluster_config(start_sim(), "west", "us-east"), *hub_flags(hub, certs, "west"))
+    wait_for("both clusters live", lambda: sorted(hub.live()) == ["east", "west"])
+    clusters = {c["cluster"]: c for c in hub.status()["clusters"]}
+    assert clusters["east"]["region"] == "eu-west" and clusters["west"]["region"] == "us-east"
+    ws = clusters["east"]["workerSets"][0]
+    assert (ws["name"], ws["servedModel"], ws["kvBlockSize"], ws["workers"]) == ("east-set", "sim-model", 16, 1)
+    # The load is the spoke's, not made up at the hub: one healthy worker, the KV capacity the
+    # engine reported to the spoke.
+    def east_load():
+        return next(c for c in hub.status()["clusters"] if c["cluster"] == "east")["workerSets"][0]["load"] or {}
+
+    wait_for("east reports its worker healthy", lambda: east_load().get("healthyWorkers") == 1)
+    engine_metrics = httpx.get(sim_east.url + "/metrics", timeout=5).text
+    blocks = int(re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', engine_metrics).group(1))
+    assert east_load()["kvCapacityBlocks"] == blocks, (east_load(), blocks)
+    assert east_load()["fidelity"] == "exact", east_load()
+    # Reports keep coming at the hub's interval (200 ms).
+    before = clusters["east"]["reports"]
+    time.sleep(1.0)
+    after = next(c for c in hub.status()["clusters"] if c["cluster"] == "east")["reports"]
+    assert 3 <= after - before <= 8, (before, after)
+    for spoke, name in ((east, "east"), (west, "west")):
+        link = spoke.status()["hub"]
+        assert (link["state"], link["cluster"], link["hub"]) == ("connected", name, "hub"), link
+    metrics = hub.metrics()
+    assert 'switchyard_hub_clusters{state="live"} 2' in metrics, metrics
+
+
+def test_a_spoke_claiming_another_cluster_or_from_another_ca_is_refused(certs, start_hub, start_sim, start_spoke):
+    hub = start_hub(certs / "hub")
+    sim = start_sim()
+    # East's certificate, a configuration that says west.
+    impostor = start_spoke(cluster_config(sim, "west", "us-east"), *hub_flags(hub, certs, "west", tls_cluster="east"))
+    wait_for("the impostor is told why", lambda: "PermissionDenied" in (impostor.status()["hub"]["lastError"] or ""))
+    assert "east" in impostor.status()["hub"]["lastError"]
+    # A certificate for east from another CA (trusting the real hub's CA, so only its own
+    # certificate is wrong).
+    other = Path(tempfile.mkdtemp(prefix="certs-other-"))
+    subprocess.run([switchyard_bin(), "certs", "--out", str(other), "--cluster", "east"], check=True, capture_output=True, timeout=60)
+    forged = other / "clusters" / "east"
+    (forged / "ca.crt").write_bytes((certs / "hub" / "ca.crt").read_bytes())
+    rogue = start_spoke(cluster_config(sim, "east", "eu-west"), "--hub", hub.url, "--cluster", "east", "--tls-dir", str(forged))
+    wait_for("the rogue spoke's handshake is refused", lambda: 'switchyard_hub_spoke_refused_total{reason="tls"}' in hub.metrics())
+    time.sleep(0.5)
+    assert hub.live() == [], hub.status()
+    assert hub.status()["clusters"] == [], "nobody got as far as a hello"
+    assert 'reason="cluster_mismatch"' in hub.metrics()
+    for s in (impostor, rogue):
+        assert s.status()["hub"]["state"] != "connected"
+    # Neither refusal touches the spokes' own front doors.
+    client = openai.OpenAI(base_url=rogue.url + "/v1", api_key="unused", max_retries=0)
+    assert client.completions.create(model="sim-model", prompt="hello", max_tokens=2).choices[0].text
+
+
+def test_a_killed_spoke_is_dropped_within_3_s_and_comes_back(certs, start_hub, start_sim, start_spoke):
+    hub = start_hub(certs / "hub")
+    sim_east = start_sim()
+    config = cluster_config(sim_east, "east", "eu-west")
+    east = start_spoke(config, *hub_flags(hub, certs, "east"))
+    start_spoke(cluster_config(start_sim(), "west", "us-east"), *hub_flags(hub, certs, "west"))
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+    east.proc.send_signal(signal.SIGKILL)
+    east.proc.wait()
+    took = wait_for("east dropped", lambda: hub.live() == ["west"], timeout=5)
+    assert took <= 3.0, took
+    start_spoke(config, *hub_flags(hub, certs, "east"))
+    wait_for("east back", lambda: sorted(hub.live()) == ["east", "west"], timeout=10)
+    assert next(c for c in hub.status()["clusters"] if c["cluster"] == "east")["sessions"] == 2
+
+
+def test_spokes_serve_without_their_hub_and_reconnect_when_it_returns(certs, start_hub, start_sim, start_spoke):
+    port = free_port()
+    hub = start_hub(certs / "hub", port=port)
+    east = start_spoke(cluster_config(start_sim(), "east", "eu-west"), *hub_flags(hub, certs, "east"))
+    west = start_spoke(cluster_config(start_sim(), "west", "us-east"), *hub_flags(hub, certs, "west"))
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+    hub.proc.send_signal(signal.SIGKILL)
+    hub.proc.wait()
+    for spoke in (east, west):
+        wait_for("the spoke notices", lambda: spoke.status()["hub"]["state"] != "connected", timeout=30)
+        client = openai.OpenAI(base_url=spoke.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+        for _ in range(5):
+            r = client.chat.completions.create(model="sim-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+            assert r.choices[0].message.content
+    # The hub comes back on its address: both spokes dial again (backoff at most 2 s) and the
+    # fleet view is whole within 5 s of the hub listening.
+    hub = start_hub(certs / "hub", port=port)
+    took = wait_for("the fleet view is whole again", lambda: sorted(hub.live()) == ["east", "west"], timeout=10)
+    print(f"fleet view whole {took:.2f} s after the hub's restart")
+    assert took <= 5.0, took
+    for spoke in (east, west):
+        assert spoke.status()["hub"]["sessions"] == 2
+
+
+PII_RESIDENCY = """---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: pii-residency}
+spec:
+  priority: 1000
+  match: {tags: [pii]}
+  steps:
+  - type: ExcludeExternal
+  - type: RequireRegions
+    requireRegions: [eu-west]
+  minimize: PredictedTTFT
+  onEmpty: Reject
+"""
+
+
+def hub_config(spoke_configs, pool_members=""):
+    """The fleet-wide configuration: every cluster's worker set (the first document of each
+    spoke's configuration), one pool over them (plus `pool_members`), `sim-model` and the
+    alias `standard-model`."""
+    sets = [c.split("---\n")[0] for c in spoke_configs]
+    names = [re.search(r"metadata: \{name: (\S+)\}", s).group(1) for s in sets]
+    members = ", ".join(f"{{workerSet: {n}}}" for n in names) + pool_members
+    return "---\n".join(sets) + f"""---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: fleet}}
+spec:
+  members: [{members}]
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: GatewayBackend
+metadata: {{name: fleet}}
+spec:
+  models: [{{name: sim-model, pool: fleet}}]
+  aliases: [{{name: standard-model, targets: [sim-model]}}]
+""" + PII_RESIDENCY
+
+
+def test_the_hub_serves_standard_model_from_both_clusters(certs, start_hub, start_sim, start_spoke):
+    import anthropic
+
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", config=hub_config(configs.values()))
+    for c, cfg in configs.items():
+        start_spoke(cfg, *hub_flags(hub, certs, c))
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+
+    served = {"east": 0, "west": 0}
+    oa = openai.OpenAI(base_url=hub.api + "/v1", api_key="unused", max_retries=0, timeout=30)
+    for i in range(12):
+        raw = oa.chat.completions.with_raw_response.create(
+            model="standard-model", max_tokens=4, messages=[{"role": "user", "content": f"question {i} about caches"}])
+        cluster, worker_set = raw.headers["x-switchyard-target"].split("/")
+        assert worker_set == f"{cluster}-set", raw.headers
+        assert raw.headers["x-switchyard-route"] == "cluster"
+        assert raw.parse().choices[0].message.content
+        served[cluster] += 1
+    assert served["east"] > 0 and served["west"] > 0, served
+    # What the hub says it sent is what each cluster's engine served.
+    assert {c: sims[c].state()["finished"] for c in sims} == served
+
+    # Streaming through the hub, in both dialects.
+    chunks = [c for c in oa.chat.completions.create(model="standard-model", max_tokens=6, stream=True,
+                                                    messages=[{"role": "user", "content": "stream please"}])]
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 6
+    an = anthropic.Anthropic(base_url=hub.api, api_key="unused", max_retries=0, timeout=30)
+    raw = an.messages.with_raw_response.create(model="standard-model", max_tokens=5,
+                                               messages=[{"role": "user", "content": "hello from anthropic"}])
+    msg = raw.parse()
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 5, msg
+    assert raw.headers["x-switchyard-target"].split("/")[0] in ("east", "west")
+    with an.messages.stream(model="standard-model", max_tokens=5, messages=[{"role": "user", "content": "stream"}]) as s:
+        text = "".join(s.text_stream)
+    assert text
+
+    # pii stays in eu-west: always east, and the tag reaches the spoke (its own policies see it).
+    for i in range(4):
+        raw = oa.chat.completions.with_raw_response.create(
+            model="standard-model", max_tokens=2, messages=[{"role": "user", "content": f"pii {i}"}],
+            extra_headers={"x-switchyard-tags": "pii"})
+        assert raw.headers["x-switchyard-target"] == "east/east-set", raw.headers
+        assert raw.headers["x-switchyard-policy"] == "pii-residency"
+
+
+def test_the_hub_refuses_what_no_live_cluster_can_serve(certs, start_hub, start_sim, start_spoke):
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", config=hub_config(configs.values()))
+    # Only west connects: pii (eu-west only) has nowhere to go and is refused by its policy.
+    start_spoke(configs["west"], *hub_flags(hub, certs, "west"))
+    wait_for("west live", lambda: hub.live() == ["west"])
+    r = httpx.post(hub.api + "/v1/chat/completions", timeout=30, headers={"x-switchyard-tags": "pii"},
+                   json={"model": "standard-model", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "no_capacity" and "pii-residency" in err["message"], err
+    # Anything else still goes to west.
+    r = httpx.post(hub.api + "/v1/chat/completions", timeout=30,
+                   json={"model": "standard-model", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.headers["x-switchyard-target"] == "west/west-set", (r.status_code, r.text)
+    # An unknown model is the caller's error, in its dialect.
+    r = httpx.post(hub.api + "/v1/messages", timeout=30, headers={"anthropic-version": "2023-06-01"},
+                   json={"model": "nope", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and r.json()["type"] == "error", r.text
+
+
+
+def test_a_pinned_worker_set_narrows_the_spokes_choice(start_sim, start_spoke):
+    # One spoke over two worker sets (what the hub sends names one of them).
+    sims = {"a": start_sim(), "b": start_sim()}
+    spoke = start_spoke(hub_config([cluster_config(sims[n], n, "eu-west") for n in sims]))
+    for n in ("b", "a", "b"):
+        r = httpx.post(spoke.url + "/v1/completions", timeout=30, headers={"x-switchyard-worker-set": f"{n}-set"},
+                       json={"model": "standard-model", "prompt": "pinned", "max_tokens": 2})
+        assert r.status_code == 200 and r.headers["x-switchyard-target"].startswith(f"{n}-set/"), (r.status_code, r.text)
+    assert (sims["a"].state()["finished"], sims["b"].state()["finished"]) == (1, 2)
+    r = httpx.post(spoke.url + "/v1/completions", timeout=30, headers={"x-switchyard-worker-set": "elsewhere"},
+                   json={"model": "standard-model", "prompt": "pinned", "max_tokens": 2})
+    assert r.status_code == 400 and "elsewhere" in r.json()["error"]["message"], r.text
+
+
+BATCH_IDLE_CAPACITY = """---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: batch-idle-capacity}
+spec:
+  priority: 500
+  match: {class: batch}
+  steps:
+  - type: KVCacheUsageBelow
+    kvCacheUsageBelow: 70
+  minimize: PredictedTTFT
+  onEmpty: Queue
+"""
+
+# 64 blocks of 16 tokens (1,024 tokens), steps at 6x their modelled time: one long request
+# (600 prompt tokens + 400 generated) holds more than 70 % of a worker's KV cache from about
+# its 120th token to its end, some 4 s.
+SMALL_SLOW = ("--num-gpu-blocks-override", "64", "--time-scale", "6")
+LONG_PROMPT = " ".join(f"w{i % 50}" for i in range(300))
+
+
+def long_request(spoke, done):
+    """A long streaming request straight to a spoke (interactive load on that cluster)."""
+    def run():
+        c = openai.OpenAI(base_url=spoke.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        for _ in c.completions.create(model="sim-model", prompt=LONG_PROMPT, max_tokens=400, stream=True):
+            pass
+        done.append(time.monotonic())
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def kv_usage(hub, cluster):
+    c = next((c for c in hub.status()["clusters"] if c["cluster"] == cluster), None)
+    load = c and c["workerSets"][0]["load"]
+    return load["kvUsagePercentMean"] if load else 0.0
+
+
+def batch(hub, i):
+    return httpx.post(hub.api + "/v1/completions", timeout=60, headers={"x-switchyard-class": "batch"},
+                      json={"model": "standard-model", "prompt": f"batch job {i}", "max_tokens": 2})
+
+
+def test_batch_requests_go_to_idle_capacity_and_wait_when_there_is_none(certs, start_hub, start_sim, start_spoke):
+    sims = {"east": start_sim(*SMALL_SLOW), "west": start_sim(*SMALL_SLOW)}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", config=hub_config(configs.values()) + BATCH_IDLE_CAPACITY)
+    spokes = {c: start_spoke(cfg, *hub_flags(hub, certs, c)) for c, cfg in configs.items()}
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+
+    # East is kept above 70 % KV usage by interactive load: every batch request lands on west.
+    east_done = []
+    threads = [long_request(spokes["east"], east_done)]
+    wait_for("east above 70 %", lambda: kv_usage(hub, "east") > 70 and kv_usage(hub, "west") < 70, timeout=10, step=0.02)
+    for i in range(4):
+        r = batch(hub, i)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-switchyard-target"] == "west/west-set", (i, r.headers, kv_usage(hub, "east"))
+        assert r.headers["x-switchyard-policy"] == "batch-idle-capacity"
+    assert not east_done, "the interactive load ended before the batch requests were placed; the check proved nothing"
+
+    # Both above 70 %: a batch request waits in the hub's queue, and interactive requests at
+    # the hub are served meanwhile.
+    threads[0].join(timeout=60)
+    wait_for("east below 70 % again", lambda: kv_usage(hub, "east") < 70, timeout=10, step=0.02)
+    east_done, west_done = [], []
+    threads = [long_request(spokes["east"], east_done), long_request(spokes["west"], west_done)]
+    wait_for("both above 70 %", lambda: kv_usage(hub, "east") > 70 and kv_usage(hub, "west") > 70, timeout=10, step=0.02)
+    result = {}
+
+    def queued():
+        result["response"] = batch(hub, "queued")
+        result["at"] = time.monotonic()
+
+    waiter = threading.Thread(target=queued)
+    waiter.start()
+    wait_for("the batch request is queued", lambda: 'switchyard_hub_batch_queue_depth 1' in hub.metrics(), timeout=5, step=0.02)
+    interactive = httpx.post(hub.api + "/v1/completions", timeout=60,
+                             json={"model": "standard-model", "prompt": "interactive", "max_tokens": 2})
+    assert interactive.status_code == 200
+    assert "response" in result or not (east_done and west_done), "served while both were full"
+    waiter.join(timeout=60)
+    for t in threads:
+        t.join(timeout=60)
+    assert result["response"].status_code == 200, result["response"].text
+    first_free = min(east_done + west_done)
+    assert result["at"] >= first_free - 0.05, (result["at"], first_free)
+    metrics = hub.metrics()
+    assert 'switchyard_hub_batch_requests_total{outcome="dispatched"} 1' in metrics, metrics
+    assert "switchyard_hub_batch_queue_depth 0" in metrics
+
+
+def test_a_batch_request_that_can_never_be_placed_times_out_with_a_clear_error(certs, start_hub, start_sim, start_spoke):
+    never = """---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: batch-nowhere}
+spec:
+  priority: 500
+  match: {class: batch}
+  steps:
+  - type: RequireRegions
+    requireRegions: [mars-north]
+  minimize: PredictedTTFT
+  onEmpty: Queue
+"""
+    sim = start_sim()
+    config = cluster_config(sim, "east", "eu-west")
+    hub = start_hub(certs / "hub", config=hub_config([config]) + never, extra_args=("--batch-max-wait-seconds", "1"))
+    start_spoke(config, *hub_flags(hub, certs, "east"))
+    wait_for("east live", lambda: hub.live() == ["east"])
+    t0 = time.monotonic()
+    r = batch(hub, 0)
+    took = time.monotonic() - t0
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "batch_timeout" and "batch-nowhere" in err["message"], err
+    assert 0.9 <= took < 5, took
+    assert 'switchyard_hub_batch_requests_total{outcome="timed_out"} 1' in hub.metrics()
+
+
+
+def test_killing_a_spoke_under_load_fails_no_new_request_at_the_hub(certs, start_hub, start_sim, start_spoke):
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", config=hub_config(configs.values()))
+    spokes = {c: start_spoke(cfg, *hub_flags(hub, certs, c)) for c, cfg in configs.items()}
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+
+    killed_at = []
+    outcomes = []  # (started, status or exception, cluster)
+    stop = threading.Event()
+
+    def load():
+        with httpx.Client(timeout=30) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                started = time.monotonic()
+                try:
+                    r = c.post(hub.api + "/v1/completions",
+                               json={"model": "standard-model", "prompt": f"load {i}", "max_tokens": 2})
+                    outcomes.append((started, r.status_code, r.headers.get("x-switchyard-target", "")))
+                except httpx.HTTPError as e:
+                    outcomes.append((started, repr(e), ""))
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)
+    spokes["east"].proc.send_signal(signal.SIGKILL)
+    killed_at.append(time.monotonic())
+    spokes["east"].proc.wait()
+    dropped = wait_for("east dropped", lambda: hub.live() == ["west"], timeout=5)
+    time.sleep(1.0)
+    stop.set()
+    for w in workers:
+        w.join(timeout=30)
+    before = [o for o in outcomes if o[0] < killed_at[0]]
+    after = [o for o in outcomes if o[0] >= killed_at[0]]
+    assert {o[2].split("/")[0] for o in before if o[1] == 200} == {"east", "west"}, "load reached both clusters first"
+    failed = [o for o in after if o[1] != 200]
+    assert not failed, failed[:5]
+    assert len(after) >= 10, len(after)
+    # Once the hub had noticed, everything went to west.
+    assert all(o[2].startswith("west/") for o in after if o[0] >= killed_at[0] + dropped)
+    print(f"east dropped from choice {dropped:.2f} s after the kill; {len(after)} requests after it, none failed")
+
+
+# Requests tagged `burst` may run only in us-east-1, where no cluster is and the Bedrock
+# provider is: every cluster is filtered out and the policy falls back to the provider.
+FORCED_SPILL = """---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: burst-spillover}
+spec:
+  priority: 100
+  match: {tags: [burst]}
+  steps:
+  - type: RequireRegions
+    requireRegions: [us-east-1]
+  minimize: PredictedTTFT
+  onEmpty: Fallback
+"""
+
+
+def test_the_hub_spills_over_to_bedrock_and_never_with_pii(certs, start_hub, start_sim, start_spoke):
+    import anthropic
+    from test_provider_spillover import provider, start_bedrock
+
+    bedrock = start_bedrock()
+    try:
+        secrets = Path(tempfile.mkdtemp(prefix="secrets-"))
+        (secrets / "aws").mkdir()
+        (secrets / "aws" / "credentials").write_text("AWS_ACCESS_KEY_ID=AKIDHUB\nAWS_SECRET_ACCESS_KEY=hub-secret\n")
+        sims = {"east": start_sim(), "west": start_sim()}
+        configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+        config = (hub_config(configs.values(), pool_members=", {provider: bedrock-a, model: sim-model}")
+                  + provider("bedrock-a", bedrock.url, 300) + FORCED_SPILL)
+        hub = start_hub(certs / "hub", config=config, extra_args=("--secrets-dir", str(secrets)))
+        for c, cfg in configs.items():
+            start_spoke(cfg, *hub_flags(hub, certs, c))
+        wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+
+        # A policy that leaves no cluster and falls back sends the request to Bedrock, signed
+        # by the real AWS SDK with the Secret's keys, in both dialects.
+        oa = openai.OpenAI(base_url=hub.api + "/v1", api_key="unused", max_retries=0, timeout=30)
+        raw = oa.chat.completions.with_raw_response.create(
+            model="standard-model", max_tokens=4, messages=[{"role": "user", "content": "spill me"}],
+            extra_headers={"x-switchyard-tags": "burst"})
+        assert raw.headers["x-switchyard-route"] == "spillover", raw.headers
+        assert raw.headers["x-switchyard-provider"] == "bedrock-a" and raw.headers["x-switchyard-policy"] == "burst-spillover"
+        assert raw.parse().choices[0].message.content
+        an = anthropic.Anthropic(base_url=hub.api, api_key="unused", max_retries=0, timeout=30)
+        msg = an.messages.create(model="standard-model", max_tokens=3, messages=[{"role": "user", "content": "spill"}],
+                                 extra_headers={"x-switchyard-tags": "burst"})
+        assert msg.usage.output_tokens == 3, msg
+        # pii with the same tag stays in eu-west.
+        raw = oa.chat.completions.with_raw_response.create(
+            model="standard-model", max_tokens=2, messages=[{"role": "user", "content": "pii spill"}],
+            extra_headers={"x-switchyard-tags": "burst,pii"})
+        assert raw.headers["x-switchyard-target"] == "east/east-set", raw.headers
+        log = bedrock.log()
+        assert len(log) == 2, log
+        assert all("AKIDHUB/" in (r.get("credentialScope") or "") for r in log), log
+        assert not any("pii" in json.dumps(r.get("body", "")) for r in log)
+        assert sum(sims[c].state()["finished"] for c in sims) == 1
+        spill = hub.status()["spillover"]
+        assert [(s["provider"], s["requests"], s["completed"]) for s in spill] == [("bedrock-a", 2, 2)], spill
+        assert float(spill[0]["costUsd"]) > 0
+        assert 'switchyard_hub_provider_requests_total{provider="bedrock-a",model="sim-model",outcome="completed"} 2' in hub.metrics()
+    finally:
+        stop_process(bedrock.proc)
+

@@ -1,0 +1,65 @@
+//! Every metric name the hub exports, in one place, with its type and help text.
+//!
+//! Grammar: `switchyard_hub_<subsystem>_<name>[_<unit>][_total]`; `_total` only on counters.
+//! Labels are low-cardinality and server-controlled: cluster (from certificates the hub's CA
+//! signed), state, reason.
+
+use switchyard_gateway::metrics::{Kind, Source, Spec, spec};
+use switchyard_providers::spill;
+
+/// Spoke streams accepted (hello checked), by cluster.
+pub const SESSIONS_TOTAL: &str = "switchyard_hub_spoke_sessions_total";
+/// Spoke connections refused, by reason: `tls` (handshake: no certificate, another CA,
+/// expired), `identity` (no cluster in the certificate), `cluster_mismatch` (the hello claims
+/// another cluster), `protocol` (no hello first, or a malformed one).
+pub const REFUSED_TOTAL: &str = "switchyard_hub_spoke_refused_total";
+/// Load reports applied, by cluster.
+pub const LOAD_REPORTS_TOTAL: &str = "switchyard_hub_load_reports_total";
+/// Clusters now, by state: `live` (choosable), `connected` (stream open, live or silent).
+pub const CLUSTERS: &str = "switchyard_hub_clusters";
+/// Requests the hub spilled to external providers, by provider, model and outcome.
+pub const PROVIDER_REQUESTS_TOTAL: &str = "switchyard_hub_provider_requests_total";
+/// Cost of requests the hub spilled, in US dollars, by provider and model (exact in `/status`).
+pub const PROVIDER_COST_USD_TOTAL: &str = "switchyard_hub_provider_cost_usd_total";
+/// Batch requests waiting in the hub's queue now.
+pub const BATCH_QUEUE_DEPTH: &str = "switchyard_hub_batch_queue_depth";
+/// Time a batch request waited in the hub's queue before it was dispatched, seconds.
+pub const BATCH_WAIT_SECONDS: &str = "switchyard_hub_batch_wait_seconds";
+/// Queued batch requests by outcome: `dispatched`, `timed_out`.
+pub const BATCH_REQUESTS_TOTAL: &str = "switchyard_hub_batch_requests_total";
+
+/// Every metric the hub exports.
+pub const CATALOGUE: &[Spec] = {
+    use Kind::{Counter, Gauge, Histogram};
+    use Source::{Recorded, Scraped};
+    &[
+        spec(SESSIONS_TOTAL, "Spoke streams accepted, by cluster", Counter, Recorded),
+        spec(REFUSED_TOTAL, "Spoke connections refused, by reason", Counter, Recorded),
+        spec(LOAD_REPORTS_TOTAL, "Load reports applied, by cluster", Counter, Recorded),
+        spec(CLUSTERS, "Clusters by state: live (choosable) or connected", Gauge, Scraped),
+        spec(PROVIDER_REQUESTS_TOTAL, spill::REQUESTS_TOTAL_HELP, Counter, Recorded),
+        spec(PROVIDER_COST_USD_TOTAL, spill::COST_USD_TOTAL_HELP, Counter, Recorded),
+        spec(BATCH_QUEUE_DEPTH, "Batch requests waiting in the hub's queue now", Gauge, Scraped),
+        spec(
+            BATCH_WAIT_SECONDS,
+            "Time a batch request waited in the hub's queue before dispatch in seconds",
+            Histogram,
+            Recorded,
+        ),
+        spec(BATCH_REQUESTS_TOTAL, "Queued batch requests by outcome", Counter, Recorded),
+    ]
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_grammar() {
+        for (i, s) in CATALOGUE.iter().enumerate() {
+            assert!(s.name.starts_with("switchyard_hub_"), "{}", s.name);
+            assert_eq!(s.kind == Kind::Counter, s.name.ends_with("_total"), "{}: `_total` only on counters", s.name);
+            assert!(CATALOGUE[..i].iter().all(|o| o.name != s.name), "{} listed twice", s.name);
+        }
+    }
+}
