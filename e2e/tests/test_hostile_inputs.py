@@ -1235,7 +1235,12 @@ def test_connection_closed_after_an_early_answer_is_announced(start_sim, start_s
     finally:
         held.close_early.set()
         held.thread.join(10)
-    assert [a[0] for a in answers] == [413, 408, 503], answers
+    # Fallbacks answer without reading the body; here it has not even arrived (as when a client's
+    # body segment waits for Nagle's algorithm), so the answer leaves it unread on the connection.
+    for method, path in ((b"POST", b"/v1/nope"), (b"POST", b"/v1/chat/completions/x/y"), (b"PUT", b"/v1/chat/completions")):
+        fallback_head = method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n"
+        answers.append(answer_then_closed(spoke.url, fallback_head, b""))
+    assert [a[0] for a in answers] == [413, 408, 503, 404, 404, 405], answers
     unannounced = [status for status, headers, closed in answers
                    if closed and headers.get("connection", "").lower() != "close"]
     assert not unannounced, f"closed without `Connection: close` after answering {unannounced}"

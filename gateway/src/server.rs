@@ -109,7 +109,22 @@ pub fn api_router<B: Backend>(fd: Arc<FrontDoor<B>>) -> Router {
 
 async fn not_found(headers: HeaderMap) -> Response {
     let dialect = if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
-    GatewayError::new(ErrorKind::NotFound, "not_found", "no such endpoint").into_response_for(dialect, None)
+    let r = GatewayError::new(ErrorKind::NotFound, "not_found", "no such endpoint").into_response_for(dialect, None);
+    closing_if_body_unread(&headers, r)
+}
+
+/// A fallback answers without reading the request's body; when one may follow the head, hyper
+/// closes the connection after the answer, so the answer says so (a pooled client would
+/// otherwise lose its next request on the closed connection).
+fn closing_if_body_unread(headers: &HeaderMap, mut response: Response) -> Response {
+    let declared_empty =
+        headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() == "0");
+    let may_have_body = headers.contains_key(axum::http::header::TRANSFER_ENCODING)
+        || (headers.contains_key(axum::http::header::CONTENT_LENGTH) && !declared_empty);
+    if may_have_body {
+        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
 }
 
 async fn method_not_allowed(headers: HeaderMap) -> Response {
@@ -119,7 +134,7 @@ async fn method_not_allowed(headers: HeaderMap) -> Response {
     e.param = None;
     let mut r = e.into_response_for(dialect, None);
     *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-    r
+    closing_if_body_unread(&headers, r)
 }
 
 async fn readyz<B: Backend>(State(fd): State<Arc<FrontDoor<B>>>) -> Response {
