@@ -129,6 +129,59 @@ def test_spokes_report_their_clusters_to_the_hub(certs, start_hub, start_sim, st
     assert 'switchyard_hub_clusters{state="live"} 2' in metrics, metrics
 
 
+def test_spokes_copy_their_caches_coarsely_into_the_hubs_prefix_index(certs, start_hub, start_sim, start_spoke):
+    """A long prompt served in east shows up in the hub's prefix index as east's coarse blocks
+    (256 tokens each), at a fraction of the bytes of the engine's KV events; a reconnecting
+    spoke's copy replaces the old one."""
+    hub = start_hub(certs / "hub")
+    sim = start_sim()
+    east = start_spoke(cluster_config(sim, "east", "eu-west"), *hub_flags(hub, certs, "east"))
+    start_spoke(cluster_config(start_sim(), "west", "us-east"), *hub_flags(hub, certs, "west"))
+    wait_for("both clusters live", lambda: sorted(hub.live()) == ["east", "west"])
+
+    def held(cluster):
+        return sum(e["coarseBlocks"] for e in hub.status()["prefixIndex"] if e["cluster"] == cluster)
+
+    text = " ".join(f"paragraph {i} of a shared document." for i in range(150))
+    for i in range(3):
+        r = httpx.post(east.url + "/v1/chat/completions", timeout=30, json={
+            "model": "sim-model", "max_tokens": 2,
+            "messages": [{"role": "system", "content": text}, {"role": "user", "content": f"question {i}"}]})
+        assert r.status_code == 200, r.text
+    prompt_tokens = r.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens > 2_000, prompt_tokens
+    # The shared system prompt is one chain; each question adds at most its own tail.
+    wait_for("east's blocks reach the hub", lambda: held("east") >= prompt_tokens // 256 - 1)
+    spoke_set = east.status()["workerSets"]["east-set"]["coarse"]
+    assert spoke_set["factor"] == 16 and spoke_set["orphans"] == 0, spoke_set
+    assert held("east") == spoke_set["held"], (hub.status()["prefixIndex"], spoke_set)
+    assert held("west") == 0
+
+    kv_bytes = sum(w["kvEvents"]["bytes"] for w in east.status()["workers"])
+    coarse_bytes = east.status()["hub"]["coarseBytes"]
+    metric = sum(float(line.split()[-1]) for line in hub.metrics().splitlines()
+                 if line.startswith('switchyard_hub_coarse_bytes_total{cluster="east"}'))
+    assert metric == coarse_bytes > 0, (metric, coarse_bytes)
+    print(f"coarse copy: {coarse_bytes} B for {held('east')} blocks; KV events: {kv_bytes} B")
+    assert coarse_bytes * 10 <= kv_bytes, f"coarse copy {coarse_bytes} B against {kv_bytes} B of KV events"
+
+    # A new spoke's session starts with a reset: the hub forgets the old copy, and holds the
+    # new one once the spoke has caught up on the engine's history (on its next event).
+    before = held("east")
+    east.proc.kill()
+    east.proc.wait()
+    east2 = start_spoke(cluster_config(sim, "east", "eu-west"), *hub_flags(hub, certs, "east"))
+    wait_for("east reconnects", lambda: (east2.status().get("hub") or {}).get("sessions", 0) >= 1
+             and "east" in hub.live(), timeout=20)
+    wait_for("the old copy is forgotten", lambda: held("east") == 0)
+    r = httpx.post(east2.url + "/v1/chat/completions", timeout=30, json={
+        "model": "sim-model", "max_tokens": 2,
+        "messages": [{"role": "system", "content": text}, {"role": "user", "content": "question 3"}]})
+    assert r.status_code == 200, r.text
+    wait_for("the copy is whole again", lambda: held("east") == east2.status()["workerSets"]["east-set"]["coarse"]["held"] >= before)
+    assert sum(w["kvEvents"]["catchUps"] for w in east2.status()["workers"]) == 1
+
+
 def test_a_spoke_claiming_another_cluster_or_from_another_ca_is_refused(certs, start_hub, start_sim, start_spoke):
     hub = start_hub(certs / "hub")
     sim = start_sim()

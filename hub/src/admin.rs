@@ -31,6 +31,8 @@ pub struct AdminState {
     pub providers: Arc<switchyard_providers::Providers>,
     /// The spillover ledger.
     pub spill: Arc<switchyard_providers::spill::Spillover>,
+    /// The cross-cluster prefix index.
+    pub prefix: Arc<crate::prefix::PrefixIndex>,
 }
 
 /// The admin routes.
@@ -53,6 +55,9 @@ async fn status(State(s): State<AdminState>) -> Response {
         "providers": s.providers.status(),
         "spillover": s.spill.status(),
         "clusters": s.fleet.status(now),
+        "prefixIndex": s.prefix.held().into_iter()
+            .map(|((cluster, set), blocks)| json!({"cluster": cluster, "workerSet": set, "coarseBlocks": blocks}))
+            .collect::<Vec<_>>(),
     }))
     .into_response()
 }
@@ -64,10 +69,13 @@ async fn readyz(State(s): State<AdminState>) -> StatusCode {
 async fn render_metrics(State(s): State<AdminState>) -> Response {
     let live = s.fleet.live(Instant::now()).len() as f64;
     let connected = s.fleet.connected() as f64;
-    let gauges = [
+    let mut gauges = vec![
         (m::CLUSTERS, labels(&[("state", "live")]), live),
         (m::CLUSTERS, labels(&[("state", "connected")]), connected),
         (m::BATCH_QUEUE_DEPTH, labels(&[]), s.batch.depth() as f64),
     ];
+    for ((cluster, set), blocks) in s.prefix.held() {
+        gauges.push((m::PREFIX_BLOCKS, labels(&[("cluster", &cluster), ("worker_set", &set)]), blocks as f64));
+    }
     ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], s.metrics.render(&[], &gauges)).into_response()
 }

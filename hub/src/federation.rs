@@ -2,7 +2,8 @@
 //!
 //! A stream's life: identity from the verified client certificate → the first message must be
 //! a hello naming that same cluster (else `PERMISSION_DENIED`, or `INVALID_ARGUMENT` for a
-//! malformed one) → a welcome → load reports until either side ends. Its task belongs to the
+//! malformed one) → a welcome → load reports (and coarse cache reports, into the
+//! [`PrefixIndex`]) until either side ends. Its task belongs to the
 //! hub's task tracker and ends on shutdown, on the spoke closing, or when a newer stream of
 //! the same cluster supersedes it; the fleet view's session ends with it.
 
@@ -22,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::fleet::{FleetView, Report};
 use crate::metric_names as m;
+use crate::prefix::PrefixIndex;
 use switchyard_gateway::metrics::Metrics;
 
 /// Longest the hub waits for a hello after the handshake.
@@ -35,6 +37,8 @@ pub struct FederationService {
     pub load_interval: Duration,
     /// The fleet view sessions write.
     pub fleet: Arc<FleetView>,
+    /// The prefix index the coarse reports feed.
+    pub prefix: Arc<PrefixIndex>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Owner of the session tasks.
@@ -119,6 +123,7 @@ impl Federation for FederationService {
         let _ = tx.send(Ok(HubMessage { kind: Some(hub_message::Kind::Welcome(welcome)) })).await;
 
         let (fleet, metrics, stop) = (self.fleet.clone(), self.metrics.clone(), self.stop.clone());
+        let prefix = self.prefix.clone();
         self.tasks.spawn(async move {
             let ended = loop {
                 let msg = tokio::select! {
@@ -132,6 +137,16 @@ impl Federation for FederationService {
                             Report::Applied => metrics.inc(m::LOAD_REPORTS_TOTAL, &[("cluster", &cluster)], 1.0),
                             Report::Superseded => break "superseded by a newer stream",
                         }
+                    }
+                    Ok(Some(SpokeMessage { kind: Some(spoke_message::Kind::Coarse(report)) })) => {
+                        // A superseded stream's copy would overwrite the newer stream's.
+                        if !fleet.is_current(&cluster, session) {
+                            break "superseded by a newer stream";
+                        }
+                        let bytes = prost::Message::encoded_len(&report) as f64;
+                        prefix.apply(&cluster, &report);
+                        metrics.inc(m::COARSE_REPORTS_TOTAL, &[("cluster", &cluster)], 1.0);
+                        metrics.inc(m::COARSE_BYTES_TOTAL, &[("cluster", &cluster)], bytes);
                     }
                     Ok(Some(_)) => {
                         let _ = tx.send(Err(Status::invalid_argument("hello may be sent only once"))).await;

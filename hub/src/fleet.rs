@@ -152,6 +152,13 @@ impl FleetView {
         outcome
     }
 
+    /// Whether `session` is still `cluster`'s open session.
+    pub fn is_current(&self, cluster: &str, session: SessionId) -> bool {
+        self.with(|(_, clusters)| {
+            clusters.get(cluster).is_some_and(|c| c.session == session && c.connected_at.is_some())
+        })
+    }
+
     /// Ends `session` of `cluster` (its stream closed); a later session is left alone.
     pub fn disconnect(&self, cluster: &str, session: SessionId) {
         self.with(|(_, clusters)| {

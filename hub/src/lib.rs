@@ -18,6 +18,7 @@ pub mod federation;
 pub mod fleet;
 pub mod listener;
 pub mod metric_names;
+pub mod prefix;
 pub mod route;
 pub mod sent;
 
@@ -176,6 +177,7 @@ impl Hub {
         let tasks = TaskTracker::new();
         let metrics = Arc::new(Metrics::new(metric_names::CATALOGUE));
         let fleet = Arc::new(FleetView::new(cfg.lost_after));
+        let prefix = Arc::new(prefix::PrefixIndex::new());
 
         tasks.spawn(tls.clone().watch(cfg.cert_reload_interval, stop.clone()));
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -185,6 +187,7 @@ impl Hub {
             hub: cfg.name.clone(),
             load_interval: cfg.load_interval,
             fleet: fleet.clone(),
+            prefix: prefix.clone(),
             metrics: metrics.clone(),
             tasks: tasks.clone(),
             stop: stop.clone(),
@@ -234,6 +237,7 @@ impl Hub {
             metrics: metrics.clone(),
             providers: providers.clone(),
             spill: spill.clone(),
+            prefix: prefix.clone(),
         };
         let cpu = CpuPool::new(0);
         let front = Arc::new(FrontDoor::new(backend, cpu, cfg.front.clone()));
@@ -245,8 +249,15 @@ impl Hub {
             stop.clone(),
             expired,
         )));
-        let admin =
-            admin::router(admin::AdminState { name: cfg.name, fleet: fleet.clone(), metrics, batch, providers, spill });
+        let admin = admin::router(admin::AdminState {
+            name: cfg.name,
+            fleet: fleet.clone(),
+            metrics,
+            batch,
+            providers,
+            spill,
+            prefix,
+        });
         let admin_stop = stop.clone();
         servers.push(tokio::spawn(async move {
             let served = axum::serve(admin_listener, admin).with_graceful_shutdown(admin_stop.cancelled_owned()).await;

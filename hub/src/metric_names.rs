@@ -15,6 +15,12 @@ pub const SESSIONS_TOTAL: &str = "switchyard_hub_spoke_sessions_total";
 pub const REFUSED_TOTAL: &str = "switchyard_hub_spoke_refused_total";
 /// Load reports applied, by cluster.
 pub const LOAD_REPORTS_TOTAL: &str = "switchyard_hub_load_reports_total";
+/// Coarse reports applied, by cluster.
+pub const COARSE_REPORTS_TOTAL: &str = "switchyard_hub_coarse_reports_total";
+/// Encoded bytes of the coarse reports applied, by cluster (the link's cost of the prefix index).
+pub const COARSE_BYTES_TOTAL: &str = "switchyard_hub_coarse_bytes_total";
+/// Coarse blocks the prefix index holds now, by cluster and worker set.
+pub const PREFIX_BLOCKS: &str = "switchyard_hub_prefix_blocks";
 /// Clusters now, by state: `live` (choosable), `connected` (stream open, live or silent).
 pub const CLUSTERS: &str = "switchyard_hub_clusters";
 /// Requests the hub spilled to external providers, by provider, model and outcome.
@@ -36,6 +42,9 @@ pub const CATALOGUE: &[Spec] = {
         spec(SESSIONS_TOTAL, "Spoke streams accepted, by cluster", Counter, Recorded),
         spec(REFUSED_TOTAL, "Spoke connections refused, by reason", Counter, Recorded),
         spec(LOAD_REPORTS_TOTAL, "Load reports applied, by cluster", Counter, Recorded),
+        spec(COARSE_REPORTS_TOTAL, "Coarse cache reports applied, by cluster", Counter, Recorded),
+        spec(COARSE_BYTES_TOTAL, "Encoded bytes of the coarse cache reports applied, by cluster", Counter, Recorded),
+        spec(PREFIX_BLOCKS, "Coarse blocks the prefix index holds, by cluster and worker set", Gauge, Scraped),
         spec(CLUSTERS, "Clusters by state: live (choosable) or connected", Gauge, Scraped),
         spec(PROVIDER_REQUESTS_TOTAL, spill::REQUESTS_TOTAL_HELP, Counter, Recorded),
         spec(PROVIDER_COST_USD_TOTAL, spill::COST_USD_TOTAL_HELP, Counter, Recorded),

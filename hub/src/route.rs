@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::http::{HeaderName, HeaderValue};
+use dynamo_kv_router::protocols::{BlockHashOptions, compute_block_hash_for_seq};
 use switchyard_core::engine::{Outcome, Target as DecidedTarget};
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::request::{RequestClass, WorkerKey};
@@ -44,6 +45,7 @@ use switchyard_providers::spill::{Spillover, spill_targets};
 use crate::batch::{BatchQueue, SetOfCluster};
 use crate::fleet::{FleetView, LiveCluster};
 use crate::metric_names as m;
+use crate::prefix::PrefixIndex;
 use crate::sent::{Sent, SentSinceReport};
 use switchyard_gateway::metrics::Metrics;
 
@@ -97,10 +99,41 @@ pub fn set_state(load: &WorkerSetLoad, configured: TtftModel, sent: Sent) -> Wor
     }
 }
 
+/// Prompt tokens each live (cluster, worker set) pair holds in its engines' caches, as the
+/// prefix index knows them: the prompt's engine blocks at the set's block size, re-blocked
+/// at the set's coarse factor ([`switchyard_proto::coarse`]), looked up once per distinct
+/// (block size, factor); a pair holding `n` leading coarse blocks holds `n × factor × block
+/// size` tokens. Pairs holding none, and sets without a coarse copy, are left out.
+pub fn cached_tokens(prefix: &PrefixIndex, live: &[LiveCluster], tokens: &[u32]) -> BTreeMap<WorkerKey, u32> {
+    let mut by_grain: BTreeMap<(u32, u32), Vec<(&str, &str)>> = BTreeMap::new();
+    for c in live {
+        for ws in c.worker_sets.iter().filter(|ws| ws.kv_block_size > 0 && ws.coarse_block_factor > 0) {
+            by_grain.entry((ws.kv_block_size, ws.coarse_block_factor)).or_default().push((&c.cluster, &ws.name));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for ((block_size, factor), pairs) in by_grain {
+        let blocks: Vec<u64> = compute_block_hash_for_seq(tokens, block_size, BlockHashOptions::default())
+            .into_iter()
+            .map(|h| h.0)
+            .collect();
+        let held = prefix.lookup(&switchyard_proto::coarse::local_hashes(&blocks, factor));
+        for (cluster, set) in pairs {
+            if let Some(n) = held.get(&(cluster.to_owned(), set.to_owned())) {
+                let key = WorkerKey { worker_set: set.into(), worker: cluster.into() };
+                out.insert(key, n.saturating_mul(factor).saturating_mul(block_size));
+            }
+        }
+    }
+    out
+}
+
 /// The snapshot of `live` clusters' worker sets of `fleet`, keyed (set, cluster), with what
 /// each was `sent` since its cluster's report.
 pub fn snapshot(fleet: &FleetConfig, live: &[LiveCluster], sent: &HashMap<SetOfCluster, Sent>) -> FleetSnapshot {
     let mut snap = FleetSnapshot::default();
+    // Looked up by borrowed names: no allocation per candidate on the request path.
+    let sent: HashMap<(&str, &str), Sent> = sent.iter().map(|((c, s), n)| ((c.as_str(), s.as_str()), *n)).collect();
     for c in live {
         for load in &c.load {
             let Some(ws) = fleet.worker_sets.get(&load.worker_set).filter(|ws| ws.cluster == c.cluster) else {
@@ -110,7 +143,7 @@ pub fn snapshot(fleet: &FleetConfig, live: &[LiveCluster], sent: &HashMap<SetOfC
                 continue;
             }
             let key = WorkerKey { worker_set: ws.name.clone(), worker: c.cluster.as_str().into() };
-            let since = sent.get(&(c.cluster.clone(), load.worker_set.clone())).copied().unwrap_or_default();
+            let since = sent.get(&(c.cluster.as_str(), load.worker_set.as_str())).copied().unwrap_or_default();
             snap.workers.insert(key, set_state(load, ws.ttft, since));
         }
     }
@@ -137,6 +170,8 @@ pub struct HubBackend {
     pub providers: Arc<Providers>,
     /// The spillover ledger.
     pub spill: Arc<Spillover>,
+    /// Which cluster holds which prompt prefix (the spokes' coarse reports).
+    pub prefix: Arc<PrefixIndex>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -347,6 +382,17 @@ mod tests {
     use super::*;
     use switchyard_proto::v1::WorkerSetInfo;
 
+    /// A worker set of model `m` with two workers and 16-token blocks, as a hello lists it.
+    fn info(name: &str) -> WorkerSetInfo {
+        WorkerSetInfo {
+            name: name.into(),
+            served_model: "m".into(),
+            kv_block_size: 16,
+            workers: 2,
+            coarse_block_factor: 16,
+        }
+    }
+
     fn load(set: &str, healthy: u32, waiting: u32, wait_ms: f64) -> WorkerSetLoad {
         WorkerSetLoad {
             worker_set: set.into(),
@@ -410,7 +456,6 @@ mod tests {
         let planned = cluster_fleet(&fleet);
         assert_eq!(planned.worker_sets["a"].workers, vec![switchyard_core::Name::from("east")]);
         assert!(!planned.worker_sets["a"].paced && !planned.worker_sets["a"].replicate_engines);
-        let info = |n: &str| WorkerSetInfo { name: n.into(), served_model: "m".into(), kv_block_size: 16, workers: 2 };
         let live = vec![
             // East declares a and reports a and b: b was not in its hello.
             LiveCluster {
@@ -437,8 +482,9 @@ mod tests {
         assert_eq!(keys, vec!["east/a", "west/c"]);
     }
 
-    #[test]
-    fn a_burst_between_two_reports_spreads_over_equal_clusters_by_what_was_sent() {
+    /// Two clusters, east and west, with one worker set of model `m` each (two workers);
+    /// east reports a slightly shorter queue than west.
+    fn two_clusters() -> (FleetConfig, Vec<LiveCluster>) {
         let yaml = "apiVersion: switchyard.dev/v1alpha1
 kind: InferenceWorkerSet
 metadata: {name: e}
@@ -462,9 +508,6 @@ spec: {models: [{name: m, pool: p}]}
         let checked = switchyard_config::check_texts([("fleet.yaml", yaml)]);
         assert_eq!(checked.error_count(), 0, "{:?}", checked.diagnostics);
         let fleet = cluster_fleet(&checked.config);
-        let info = |n: &str| WorkerSetInfo { name: n.into(), served_model: "m".into(), kv_block_size: 16, workers: 2 };
-        // East reports a slightly shorter queue than west: on the reports alone, east wins
-        // every decision until the next report.
         let live = vec![
             LiveCluster {
                 cluster: "east".into(),
@@ -483,6 +526,13 @@ spec: {models: [{name: m, pool: p}]}
                 reports: 7,
             },
         ];
+        (fleet, live)
+    }
+
+    #[test]
+    fn a_burst_between_two_reports_spreads_over_equal_clusters_by_what_was_sent() {
+        // On the reports alone, east wins every decision until the next report.
+        let (fleet, live) = two_clusters();
         let burst = |ledger: Option<&SentSinceReport>| {
             let mut chosen = BTreeMap::<String, u32>::new();
             for i in 0..20u64 {
@@ -509,5 +559,47 @@ spec: {models: [{name: m, pool: p}]}
         assert_eq!(burst(None), BTreeMap::from([("east".to_owned(), 20)]), "stale figures: a herd");
         let spread = burst(Some(&SentSinceReport::default()));
         assert!(spread.values().all(|&n| (9..=11).contains(&n)), "{spread:?}");
+    }
+
+    #[tokio::test]
+    async fn the_cluster_holding_a_prompts_prefix_wins_over_a_shorter_queue() {
+        let (fleet, live) = two_clusters();
+        let prompt: Vec<u32> = (0..2_000).collect();
+        // West's spoke reports the prompt's coarse blocks, as its coarse copy would.
+        let blocks: Vec<u64> =
+            compute_block_hash_for_seq(&prompt, 16, BlockHashOptions::default()).into_iter().map(|h| h.0).collect();
+        let stored = switchyard_proto::coarse::chained(&switchyard_proto::coarse::local_hashes(&blocks, 16));
+        assert_eq!(stored.len(), 7, "125 engine blocks make 7 coarse blocks of 16");
+        let prefix = PrefixIndex::new();
+        prefix.apply(
+            "west",
+            &switchyard_proto::v1::CoarseReport {
+                worker_sets: vec![switchyard_proto::v1::CoarseBlocks {
+                    worker_set: "w".into(),
+                    reset: true,
+                    stored,
+                    removed: vec![],
+                }],
+            },
+        );
+        prefix.flush().await;
+        let cached = cached_tokens(&prefix, &live, &prompt);
+        let west = WorkerKey { worker_set: "w".into(), worker: "west".into() };
+        assert_eq!(cached, BTreeMap::from([(west, 7 * 256)]));
+
+        let decide = |cached: BTreeMap<WorkerKey, u32>| {
+            let features = switchyard_core::request::RequestFeatures {
+                model: "m".into(),
+                prompt_tokens: 2_000,
+                cached_tokens: cached,
+                ..Default::default()
+            };
+            match plan::plan(&fleet, &snapshot(&fleet, &live, &HashMap::new()), &features).outcome {
+                Outcome::Route { target: DecidedTarget::Worker { worker, .. } } => worker.to_string(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(decide(BTreeMap::new()), "east", "blind: the shorter queue");
+        assert_eq!(decide(cached), "west", "1,792 of 2,000 tokens cached outweigh 20 ms of queue");
     }
 }

@@ -52,6 +52,7 @@ fn hello(cluster: &str) -> Hello {
             served_model: "llama".into(),
             kv_block_size: 16,
             workers: 3,
+            coarse_block_factor: 16,
         }],
         agent_version: "test".into(),
         front_door_url: "http://127.0.0.1:1".into(),

@@ -921,7 +921,7 @@ fn worker_status(w: &WorkerRuntime) -> Value {
             "catchUps": kv.catch_ups.load(Ordering::Relaxed), "resyncs": kv.resyncs.load(Ordering::Relaxed),
             "restarts": kv.restarts.load(Ordering::Relaxed), "decodeErrors": kv.decode_errors.load(Ordering::Relaxed),
             "duplicates": kv.duplicates.load(Ordering::Relaxed), "nextSeq": kv.next_seq.load(Ordering::Relaxed),
-            "blocks": kv.blocks.load(Ordering::Relaxed),
+            "blocks": kv.blocks.load(Ordering::Relaxed), "bytes": kv.bytes.load(Ordering::Relaxed),
         },
         "replica": w.model.lock().ok().and_then(|m| m.as_ref().map(replica_status)),
     })
@@ -952,7 +952,8 @@ async fn status(State(app): State<Shared>) -> Response {
                 Ok(_) => json!("ok"),
                 Err(e) => json!({"error": e}),
             };
-            (s.config.name.clone(), json!({"mode": mode, "guard": guard, "tokenizer": tokenizer, "ttftModel": model}))
+            let coarse = json!({"factor": s.index.coarse().factor(), "held": s.index.coarse().held(), "orphans": s.index.coarse().orphans()});
+            (s.config.name.clone(), json!({"mode": mode, "guard": guard, "tokenizer": tokenizer, "ttftModel": model, "coarse": coarse}))
         })
         .collect();
     let source = app.source_status.lock().map(|s| json!(*s)).unwrap_or(Value::Null);

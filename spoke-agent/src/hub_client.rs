@@ -11,6 +11,7 @@
 //! registry and topology); the task is owned by [`crate::Spoke`] and ends on its shutdown;
 //! every state change is visible in `/status` under `hub`.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,10 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use switchyard_proto::tls::{TlsFiles, client_tls};
 use switchyard_proto::v1::federation_client::FederationClient;
-use switchyard_proto::v1::{Hello, LoadReport, SpokeMessage, WorkerSetInfo, WorkerSetLoad, hub_message, spoke_message};
+use switchyard_proto::v1::{
+    CoarseBlocks, CoarseReport, Hello, LoadReport, SpokeMessage, WorkerSetInfo, WorkerSetLoad, hub_message,
+    spoke_message,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +72,10 @@ pub struct HubStatus {
     pub sessions: u64,
     /// Load reports sent since start.
     pub reports: u64,
+    /// Coarse reports sent since start, and their encoded bytes.
+    pub coarse_reports: u64,
+    /// Encoded bytes of the coarse reports.
+    pub coarse_bytes: u64,
     /// Why the last session or dial ended.
     pub last_error: Option<String>,
     /// Seconds since the Unix epoch when the current session began.
@@ -214,6 +222,9 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
+    // Worker sets whose coarse copy this stream has not started yet.
+    let mut reset: BTreeSet<String> = BTreeSet::new();
+    reset.extend(topo.fleet.worker_sets.values().filter(|ws| ws.cluster == link.cluster).map(|ws| ws.name.to_string()));
     loop {
         tokio::select! {
             _ = ticker.tick() => {
@@ -229,6 +240,17 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
                     return SessionEnd::Stream("request stream closed".into());
                 }
                 set(status, |s| s.reports += 1);
+                let now = app.topology.borrow().clone();
+                if let Some(coarse) = coarse_report(app, &now, &link.cluster, &mut reset) {
+                    let bytes = prost::Message::encoded_len(&coarse) as u64;
+                    if tx.send(SpokeMessage { kind: Some(spoke_message::Kind::Coarse(coarse)) }).await.is_err() {
+                        return SessionEnd::Stream("request stream closed".into());
+                    }
+                    set(status, |s| {
+                        s.coarse_reports += 1;
+                        s.coarse_bytes += bytes;
+                    });
+                }
             }
             m = inbound.message() => match m {
                 // Nothing else is defined from the hub yet; fields only ever get added.
@@ -281,6 +303,7 @@ pub fn hello(topo: &Topology, cluster: &str, front_door_url: &str) -> Hello {
             served_model: ws.served_model.to_string(),
             kv_block_size: ws.kv_block_size,
             workers: ws.workers.len() as u32,
+            coarse_block_factor: switchyard_proto::coarse::DEFAULT_FACTOR,
         })
         .collect();
     Hello {
@@ -353,6 +376,27 @@ pub fn load_report(app: &App, topo: &Topology, cluster: &str, sequence: u64) -> 
         })
         .collect();
     LoadReport { sequence, worker_sets }
+}
+
+/// Coarse blocks per report and worker set at most (keeps a first report of a large cache
+/// well under gRPC's 4 MiB message limit; the rest follows with the next reports).
+const MAX_COARSE_PER_REPORT: usize = 20_000;
+
+/// What changed in this cluster's coarse caches since the last report, `None` if nothing.
+/// Sets named in `reset` start their stream with a reset (and are taken out of it).
+pub fn coarse_report(app: &App, topo: &Topology, cluster: &str, reset: &mut BTreeSet<String>) -> Option<CoarseReport> {
+    let worker_sets: Vec<CoarseBlocks> = topo
+        .fleet
+        .worker_sets
+        .values()
+        .filter(|ws| ws.cluster == cluster)
+        .filter_map(|ws| {
+            let set = app.registry.set(&ws.name)?;
+            let first = reset.remove(&*ws.name);
+            set.index.coarse().drain(&ws.name, first, MAX_COARSE_PER_REPORT)
+        })
+        .collect();
+    (!worker_sets.is_empty()).then_some(CoarseReport { worker_sets })
 }
 
 /// The flags that link a spoke to a hub (`spoke-agent` and `switchyard spoke`).

@@ -27,6 +27,8 @@ use dynamo_kv_router::{ConcurrentRadixTreeCompressed, ThreadPoolIndexer};
 // Worker ids are small integers: a hash made for them, not SipHash, on the request path.
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::coarse::CoarseCopy;
+
 /// How long a routed request's blocks still count as cached on its worker after its first
 /// token, for the engine's own events to arrive: the engine announces a prompt's blocks in the
 /// step that computes them, before the first token leaves it.
@@ -81,6 +83,7 @@ impl Pending {
 pub struct KvIndex {
     tree: ThreadPoolIndexer<ConcurrentRadixTreeCompressed>,
     block_size: u32,
+    coarse: CoarseCopy,
     pending: Mutex<HashMap<WorkerId, Pending>>,
 }
 
@@ -96,8 +99,14 @@ impl KvIndex {
         KvIndex {
             tree: ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, block_size),
             block_size,
+            coarse: CoarseCopy::new(switchyard_proto::coarse::DEFAULT_FACTOR),
             pending: Mutex::new(HashMap::default()),
         }
+    }
+
+    /// The coarse copy the spoke reports to the hub, fed the same events.
+    pub fn coarse(&self) -> &CoarseCopy {
+        &self.coarse
     }
 
     /// Tokens per block.
@@ -138,6 +147,7 @@ impl KvIndex {
 
     /// Applies one event (asynchronously, in order per worker).
     pub fn apply(&self, event: RouterEvent) {
+        self.coarse.apply(&event);
         if let Err(e) = self.tree.enqueue_event(event) {
             tracing::warn!(error = %e, "kv index dropped an event");
         }
@@ -154,6 +164,7 @@ impl KvIndex {
     /// Forgets a worker that left the configuration.
     pub async fn remove_worker(&self, worker: WorkerId) {
         self.tree.remove_worker(worker).await;
+        self.coarse.clear_worker(worker);
         if let Ok(mut p) = self.pending.lock() {
             p.remove(&worker);
         }

@@ -155,6 +155,8 @@ pub struct KvStats {
     pub last_batch_unix_ms: AtomicU64,
     /// Blocks stored minus removed (approximate index size for this worker).
     pub blocks: AtomicU64,
+    /// Payload bytes of the batches applied (what the engine's events cost on the wire).
+    pub bytes: AtomicU64,
 }
 
 /// Where and how to subscribe.
@@ -517,6 +519,7 @@ impl Applier {
         }
         self.tracker.applied(seq);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
         self.stats.next_seq.store(seq.saturating_add(1), Ordering::Relaxed);
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

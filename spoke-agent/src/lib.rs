@@ -11,6 +11,7 @@
 
 pub mod calibration;
 pub mod cli_args;
+pub mod coarse;
 pub mod fidelity;
 pub mod hold;
 pub mod http;
