@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use switchyard_hub::route::ClusterChoice;
 use switchyard_hub::{Hub, HubConfig};
 use switchyard_proto::tls::TlsFiles;
 
@@ -49,6 +50,31 @@ pub struct HubArgs {
     /// Write the bound addresses as JSON to this file once listening.
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
+    /// How clusters are chosen: by the policy engine with each cluster's cached prefix
+    /// (cache-aware), or one of the federation benchmark's baselines.
+    #[arg(long, value_enum, default_value_t = ClusterChoiceArg::CacheAware)]
+    cluster_choice: ClusterChoiceArg,
+}
+
+/// `--cluster-choice`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ClusterChoiceArg {
+    /// Predicted TTFT with the cross-cluster prefix index.
+    CacheAware,
+    /// Predicted TTFT from load alone (baseline).
+    LeastLoaded,
+    /// Uniformly among the admitted clusters (baseline).
+    Random,
+}
+
+impl From<ClusterChoiceArg> for ClusterChoice {
+    fn from(a: ClusterChoiceArg) -> ClusterChoice {
+        match a {
+            ClusterChoiceArg::CacheAware => ClusterChoice::CacheAware,
+            ClusterChoiceArg::LeastLoaded => ClusterChoice::LeastLoaded,
+            ClusterChoiceArg::Random => ClusterChoice::Random,
+        }
+    }
 }
 
 /// Runs the hub until Ctrl-C or SIGTERM.
@@ -71,6 +97,7 @@ pub fn run_hub(args: &HubArgs) -> anyhow::Result<Exit> {
             cert_reload_interval: switchyard_hub::CERT_RELOAD_INTERVAL,
             batch_max_wait: Duration::from_secs(args.batch_max_wait_seconds),
             secrets_dir: args.secrets_dir.clone(),
+            cluster_choice: args.cluster_choice.into(),
         })
         .await?;
         println!(
@@ -83,7 +110,7 @@ pub fn run_hub(args: &HubArgs) -> anyhow::Result<Exit> {
                 "federation": format!("https://{}", hub.addr),
                 "admin": format!("http://{}", hub.admin_addr),
             });
-            std::fs::write(path, ready.to_string()).with_context(|| format!("writing {}", path.display()))?;
+            crate::ready::write(path, &ready)?;
         }
         crate::signals::wait_for_shutdown().await;
         hub.shutdown().await;

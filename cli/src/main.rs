@@ -13,6 +13,7 @@ mod hub;
 mod lb;
 mod local_federation;
 mod loopback_fleet;
+mod ready;
 mod signals;
 mod sim;
 mod tokenizer;

@@ -174,8 +174,7 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
         }
         println!("model {} · profile {} · time scale {}", cfg.served_model_name, cfg.profile.name, cfg.time_scale);
         if let Some(path) = &args.ready_file {
-            std::fs::write(path, serde_json::to_string_pretty(&json!({"model": cfg.served_model_name, "workers": ready}))?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            crate::ready::write(path, &json!({"model": cfg.served_model_name, "workers": ready}))?;
         }
         crate::signals::wait_for_shutdown().await;
         fleet.shutdown().await;
@@ -215,8 +214,7 @@ fn run_bedrock(args: &Args) -> anyhow::Result<Exit> {
             if cfg.models.is_empty() { "any".to_owned() } else { cfg.models.join(", ") }
         );
         if let Some(path) = &args.ready_file {
-            std::fs::write(path, serde_json::to_string_pretty(&json!({"api": "bedrock", "url": endpoint.url()}))?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            crate::ready::write(path, &json!({"api": "bedrock", "url": endpoint.url()}))?;
         }
         crate::signals::wait_for_shutdown().await;
         endpoint.shutdown().await;

@@ -129,8 +129,7 @@ pub fn run_spoke(args: &SpokeArgs) -> anyhow::Result<Exit> {
         println!("spoke listening on http://{} (admin http://{})", spoke.addr, spoke.admin_addr);
         if let Some(path) = &args.ready_file {
             let ready = serde_json::json!({"url": format!("http://{}", spoke.addr), "admin": format!("http://{}", spoke.admin_addr)});
-            std::fs::write(path, ready.to_string())
-                .with_context(|| format!("writing {}", path.display()))?;
+            crate::ready::write(path, &ready)?;
         }
         crate::signals::wait_for_shutdown().await;
         spoke.shutdown().await;

@@ -13,6 +13,7 @@
 //! input, and one bad document never hides the diagnostics of the others.
 
 pub mod diagnostics;
+pub mod federated;
 pub mod load;
 pub mod schema;
 pub mod validate;
@@ -25,7 +26,7 @@ pub use load::{LoadError, Resources};
 use switchyard_core::FleetConfig;
 
 /// The result of checking a configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Checked {
     /// The compiled configuration (complete only when there are no errors).
     pub config: FleetConfig,
@@ -65,7 +66,7 @@ pub fn check_texts<'a>(texts: impl IntoIterator<Item = (&'a str, &'a str)>) -> C
     finish(resources, diagnostics)
 }
 
-fn finish(resources: Resources, mut diagnostics: Vec<Diagnostic>) -> Checked {
+pub(crate) fn finish(resources: Resources, mut diagnostics: Vec<Diagnostic>) -> Checked {
     let (config, more) = validate::validate(&resources);
     diagnostics.extend(more);
     diagnostics::sort(&mut diagnostics);

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import httpx
 
+import configs
+import federation
+
 ROUTERS = ["random", "round-robin", "sglang-cache-aware", "vllm-router-cache-aware", "switchyard", "oracle"]
 WORKLOADS = ["control", "shared-prefix", "multi-turn"]
 SLO_MS = {"control": 8000, "shared-prefix": 8000, "multi-turn": 4000}
@@ -56,6 +59,9 @@ FULL = {"concurrency": "4,8,16,24,32", "workloads": {
     "shared-prefix": {"time_scale": 0.25, "warmup": 50.0, "rampup": 12.5, "duration": 75.0},
     "multi-turn": _FULL_CACHED},
     "routers": {w: ROUTERS for w in WORKLOADS}}
+# --federation: shared-prefix at the quick mode's settings, the hub's three cluster choices.
+FEDERATION = {"concurrency": "32", "workloads": {**QUICK["workloads"]},
+              "routers": {w: federation.ROUTERS for w in WORKLOADS}}
 PROCS = []
 # --api: the OpenAI endpoint GuideLLM drives (its openai_http backend's `request_format`); the
 # routers forward it, so every router and the simulated workers serve the same API.
@@ -148,37 +154,7 @@ def slow_worker(workers, factor):
 
 
 def spoke_yaml(opts, workers, time_scale):
-    eps = "\n".join(
-        f"    - {{name: w{w['index']}, host: 127.0.0.1, httpPort: {w['url'].rsplit(':', 1)[1]}, "
-        f"kvEventsPort: {w['kvEvents'].rsplit(':', 1)[1]}, kvReplayPort: {w['kvReplay'].rsplit(':', 1)[1]}}}" for w in workers)
-    rate = int(1000 / opts.profile_prefill_ms / time_scale)
-    return f"""apiVersion: switchyard.dev/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{name: bench}}
-spec:
-  model: sim-model
-  cluster: bench
-  endpoints:
-    static:
-{eps}
-  kvBlockSize: 16
-  capacity: {{prefillTokensPerSecond: {rate}, maxNumSeqs: {opts.max_num_seqs}, maxNumBatchedTokens: {opts.max_num_batched_tokens}}}
-  ttftPredictor: {opts.ttft_predictor}
-  dispatchPacing: {opts.dispatch_pacing}
-  tokenizer: {{source: Files, path: {opts.tokenizer}}}
----
-apiVersion: switchyard.dev/v1alpha1
-kind: InferencePool
-metadata: {{name: bench}}
-spec:
-  members: [{{workerSet: bench}}]
----
-apiVersion: switchyard.dev/v1alpha1
-kind: GatewayBackend
-metadata: {{name: bench}}
-spec:
-  models: [{{name: sim-model, pool: bench}}]
-"""
+    return configs.worker_set_yaml(opts, workers, time_scale, "bench", "bench") + configs.front_yaml(["bench"], "bench")
 
 
 def start_router(name, opts, workers, outdir, time_scale):
@@ -399,7 +375,9 @@ def profile_arg(opts, point, settings):
     return f"kind=poisson,rate={point},max_concurrency={opts.max_outstanding},warmup={settings['warmup']}"
 
 
-def run_guidellm(guidellm, url, workload, point, settings, opts, outpath):
+def run_guidellm(guidellm, url, workload, point, settings, opts, outpath, fed=None):
+    """GuideLLM's run of one point. With a federation `fed`, its counters are sampled when the
+    warm-up ends and when the run does (`fed.samples`)."""
     warmup, duration = settings["warmup"], settings["duration"]
     args = ["run",
             "--backend", f"kind=openai_http,target={url},model=sim-model,request_format={API_PATHS[opts.api]}",
@@ -408,7 +386,20 @@ def run_guidellm(guidellm, url, workload, point, settings, opts, outpath):
             "--tokenizer", f"kind=hf_auto,model={opts.tokenizer}",
             "--data", json.dumps(data_spec(workload, opts)),
             "--output", f"kind=json,path={outpath}", "--disable-progress"]
+    if fed is None:
+        guidellm.run(args, timeout=(warmup + duration) * 4 + 120)
+        return json.loads(outpath.read_text())
+    # GuideLLM's warm-up begins once its streams start (a few seconds after launch).
+    samples = {}
+
+    def sample_after_warmup():
+        time.sleep(warmup + 3)
+        samples["before"] = fed.sample()
+    sampler = threading.Thread(target=sample_after_warmup, daemon=True)
+    sampler.start()
     guidellm.run(args, timeout=(warmup + duration) * 4 + 120)
+    sampler.join()
+    fed.samples = (samples["before"], fed.sample())
     return json.loads(outpath.read_text())
 
 
@@ -649,6 +640,8 @@ def main():
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true")
     mode.add_argument("--full", action="store_true")
+    mode.add_argument("--federation", action="store_true",
+                      help="two clusters behind a hub: the hub's cluster choices on shared-prefix (federation.py)")
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--resume", action="store_true",
                     help="continue the run in --out: keep its finished router × workload cells, run the rest")
@@ -675,7 +668,7 @@ def main():
     ap.add_argument("--rampup", type=float, help="seconds over which the streams start (wall time)")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--profile", default="l40s-27b-fp8")
-    ap.add_argument("--prefix-count", type=int, default=24)
+    ap.add_argument("--prefix-count", type=int, help="default 24 (--federation: 48)")
     ap.add_argument("--prefix-tokens", type=int, default=16000)
     ap.add_argument("--unique-tokens", type=int, default=256)
     ap.add_argument("--first-turn-tokens", type=int, default=8000)
@@ -684,6 +677,8 @@ def main():
     ap.add_argument("--output-tokens", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     opts = ap.parse_args()
+    if opts.prefix_count is None:
+        opts.prefix_count = federation.PREFIX_COUNT if opts.federation else 24
     opts.bin = os.environ["SWITCHYARD_BIN"]
     opts.tokenizer = Path(opts.repo) / "tokenizer" / "files"
     # What an operator configures for the engines it deploys: their prefill rate (ms per token
@@ -693,7 +688,9 @@ def main():
         "l40s-27b-fp8": (0.42, 64, 8192), "tiny": (0.01, 32, 2048)}.get(opts.profile, (0.42, 64, 8192))
     # Quick: the sweep's top point only, where routing decides the most (see README.md);
     # full: the whole sweep with longer windows. Explicit options override either.
-    mode = FULL if opts.full else QUICK
+    mode = FULL if opts.full else FEDERATION if opts.federation else QUICK
+    if opts.federation:
+        opts.workloads = "shared-prefix"
     if opts.arrival == "poisson":
         if not opts.rate:
             ap.error("--arrival poisson needs --rate")
@@ -723,8 +720,9 @@ def main():
     workloads = opts.workloads.split(",")
     chosen = opts.routers.split(",") if opts.routers else None
     routers_for = {w: chosen or mode["routers"][w] for w in workloads}
-    routers = [r for r in ROUTERS if any(r in routers_for[w] for w in workloads)] + \
-        [r for r in (chosen or []) if r not in ROUTERS]
+    known = ROUTERS + federation.ROUTERS
+    routers = [r for r in known if any(r in routers_for[w] for w in workloads)] + \
+        [r for r in (chosen or []) if r not in known]
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGINT, stop_all)
@@ -745,12 +743,18 @@ def main():
                 rdir = out / "runs" / router / workload
                 rdir.mkdir(parents=True, exist_ok=True)
                 scale = settings[workload]["time_scale"]
-                fleet, workers = start_fleet(opts, rdir, scale)
-                rproc = None
+                fed = None
+                if router in federation.ROUTERS:
+                    fed = federation.Federation(router, opts, rdir, scale, start, start_fleet, free_port)
+                    fleet, workers, rproc, url, router_metrics = None, fed.workers, None, fed.url, None
+                else:
+                    fleet, workers = start_fleet(opts, rdir, scale)
+                    rproc = None
                 try:
                     if opts.slow_worker is not None:
                         slow_worker(workers, opts.slow_worker)
-                    rproc, url, router_metrics = start_router(router, opts, workers, rdir, scale)
+                    if fed is None:
+                        rproc, url, router_metrics = start_router(router, opts, workers, rdir, scale)
                     for point in opts.points:
                         label = point_label(opts.arrival, point)
                         log(f"{router} · {workload} · {label}")
@@ -758,7 +762,7 @@ def main():
                         tokenized_before = tokenize_totals(router_metrics)
                         with CounterSampler(workers) as counters:
                             raw = run_guidellm(guidellm, url, workload, point, settings[workload], opts,
-                                               rdir / f"guidellm-{stem}.json")
+                                               rdir / f"guidellm-{stem}.json", fed)
                         tokenized = tokenize_ms_mean(tokenized_before, tokenize_totals(router_metrics))
                         bench = raw["benchmarks"][0]
                         window = (bench["start_time"], bench["end_time"])
@@ -768,6 +772,8 @@ def main():
                         run["engine_ttft_ms_mean"], run["engine_queue_ms_mean"] = counters.engine_means_ms(*window, scale)
                         # Wall time, not divided by the time scale: what the router's own code took.
                         run["router_tokenize_ms_wall_mean"] = tokenized
+                        if fed is not None:
+                            run["federation"] = federation.window(*fed.samples, scale)
                         key = {"concurrency": point} if opts.arrival == "concurrent" else {"rate": point}
                         runs.append({"router": router, "workload": workload, "arrival": opts.arrival, **key,
                                      "point": label, **run})
@@ -775,7 +781,10 @@ def main():
                 finally:
                     if rproc:
                         stop(rproc)
-                    stop(fleet)
+                    if fleet:
+                        stop(fleet)
+                    for p in reversed(fed.procs if fed else []):
+                        stop(p)
     finally:
         stop_all()
     meta = {"command": command, "profile": opts.profile, "workers": opts.workers,
@@ -795,8 +804,11 @@ def main():
     log("virtual-time figures (switchyard calibrate)")
     meta["virtual"], meta["virtual_skipped"] = virtual_time(opts, workloads, settings)
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
-    from report import write_report
-    write_report(out, meta, runs)
+    if opts.federation:
+        federation.write_report(out, meta, runs)
+    else:
+        from report import write_report
+        write_report(out, meta, runs)
     log(f"wrote {out}/results.json, {out}/report.md and plots in {meta['wall_s']} s")
 
 

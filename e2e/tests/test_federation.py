@@ -182,6 +182,51 @@ def test_spokes_copy_their_caches_coarsely_into_the_hubs_prefix_index(certs, sta
     assert sum(w["kvEvents"]["catchUps"] for w in east2.status()["workers"]) == 1
 
 
+def test_the_hub_sends_a_prompt_to_the_cluster_that_holds_its_prefix(certs, start_hub, start_sim, start_spoke):
+    """The hub tokenizes each prompt with the worker sets' tokenizer and looks it up in its
+    prefix index: requests sharing a long system prompt cached in west all go to west, and
+    those sharing one cached in east go to east."""
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", config=hub_config(configs.values()))
+    spokes = {c: start_spoke(cfg, *hub_flags(hub, certs, c)) for c, cfg in configs.items()}
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+
+    text = " ".join(f"clause {i} of a long contract under review." for i in range(200))
+    r = httpx.post(spokes["west"].url + "/v1/chat/completions", timeout=30, json={
+        "model": "sim-model", "max_tokens": 2,
+        "messages": [{"role": "system", "content": text}, {"role": "user", "content": "summary"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > 2_000
+    wait_for("west's copy reaches the hub", lambda: any(
+        e["cluster"] == "west" and e["coarseBlocks"] >= 8 for e in hub.status()["prefixIndex"]))
+
+    oa = openai.OpenAI(base_url=hub.api + "/v1", api_key="unused", max_retries=0, timeout=30)
+    chosen = []
+    for i in range(10):
+        raw = oa.chat.completions.with_raw_response.create(
+            model="standard-model", max_tokens=2,
+            messages=[{"role": "system", "content": text}, {"role": "user", "content": f"question {i}"}])
+        chosen.append(raw.headers["x-switchyard-target"])
+    assert chosen == ["west/west-set"] * 10, chosen
+    # The engine computed only the new tail of each of them.
+    assert sims["west"].state()["finished"] == 11 and sims["east"].state()["finished"] == 0
+
+    # Another document, cached in east this time: its requests follow it there.
+    other = " ".join(f"section {i} of an unrelated manual." for i in range(200))
+    r = httpx.post(spokes["east"].url + "/v1/chat/completions", timeout=30, json={
+        "model": "sim-model", "max_tokens": 2,
+        "messages": [{"role": "system", "content": other}, {"role": "user", "content": "summary"}]})
+    assert r.status_code == 200, r.text
+    wait_for("east's copy reaches the hub", lambda: any(
+        e["cluster"] == "east" and e["coarseBlocks"] >= 8 for e in hub.status()["prefixIndex"]))
+    chosen = [oa.chat.completions.with_raw_response.create(
+        model="standard-model", max_tokens=2,
+        messages=[{"role": "system", "content": other}, {"role": "user", "content": f"question {i}"}]).headers["x-switchyard-target"]
+        for i in range(6)]
+    assert chosen == ["east/east-set"] * 6, chosen
+
+
 def test_a_spoke_claiming_another_cluster_or_from_another_ca_is_refused(certs, start_hub, start_sim, start_spoke):
     hub = start_hub(certs / "hub")
     sim = start_sim()
@@ -355,6 +400,99 @@ def test_the_hub_refuses_what_no_live_cluster_can_serve(certs, start_hub, start_
                    json={"model": "nope", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["type"] == "error", r.text
 
+
+
+def test_spokes_serve_the_hubs_fleet_wide_configuration_and_keep_it_without_the_hub(certs, start_hub, start_sim,
+                                                                                   start_spoke):
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    # The hub's configuration has an alias and a residency policy the spokes' files lack.
+    config = hub_config(configs.values()).replace(
+        "aliases: [{name: standard-model, targets: [sim-model]}]",
+        "aliases: [{name: standard-model, targets: [sim-model]}, {name: fleet-alias, targets: [standard-model]}]")
+    hub = start_hub(certs / "hub", config=config)
+    spokes = {c: start_spoke(cfg, *hub_flags(hub, certs, c)) for c, cfg in configs.items()}
+    for cfg in configs.values():
+        assert "fleet-alias" not in cfg and "pii-residency" not in cfg
+
+    def acks():
+        return {c["cluster"]: c["config"] for c in hub.status()["clusters"] if c.get("config")}
+    wait_for("both spokes serve the hub's configuration", lambda: len(acks()) == 2 and all(a["applied"] for a in acks().values()))
+    versions = {a["version"] for a in acks().values()}
+    assert len(versions) == 1 and len(versions.pop()) == 16, acks()
+    for c, spoke in spokes.items():
+        st = spoke.status()
+        assert st["hub"]["configVersion"] == acks()[c]["version"] and st["hub"]["configError"] is None, st["hub"]
+        assert st["config"]["hub_config_version"] == acks()[c]["version"], st["config"]
+    assert re.search(r'switchyard_hub_config_acks_total\{cluster="west",outcome="applied"\} 1', hub.metrics())
+
+    def ask(spoke, model="fleet-alias", tags=None):
+        headers = {"x-switchyard-tags": tags} if tags else {}
+        return httpx.post(spoke.url + "/v1/chat/completions", timeout=30, headers=headers,
+                          json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]})
+
+    # The spokes' own front doors answer the hub's alias and enforce its residency policy
+    # (pii only in eu-west: east serves it, west refuses it).
+    for spoke in spokes.values():
+        r = ask(spoke)
+        assert r.status_code == 200, r.text
+    r = ask(spokes["east"], tags="pii")
+    assert r.status_code == 200, (r.status_code, r.text)
+    r = ask(spokes["west"], tags="pii")
+    assert r.status_code == 503 and "pii-residency" in r.json()["error"]["message"], (r.status_code, r.text)
+    sessions = spokes["west"].status()["hub"]["sessions"]
+
+    # Without the hub the spokes keep serving what it sent; they did not redial for it.
+    stop_process(hub.proc)
+    wait_for("west sees the hub gone", lambda: spokes["west"].status()["hub"]["state"] != "connected")
+    assert spokes["west"].status()["hub"]["sessions"] == sessions
+    r = ask(spokes["west"])
+    assert r.status_code == 200, r.text
+    r = ask(spokes["west"], tags="pii")
+    assert r.status_code == 503, r.text
+
+
+def test_a_spoke_refuses_a_hub_configuration_it_cannot_serve_and_keeps_its_own(certs, start_hub, start_sim, start_spoke):
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    # A policy preferring a model only east serves: west cannot hold it.
+    config = hub_config(configs.values()) + """---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePool
+metadata: {name: east-only}
+spec: {members: [{workerSet: east-set}]}
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: GatewayBackend
+metadata: {name: east-only}
+spec: {models: [{name: east-model, pool: east-only}]}
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: prefer-east}
+spec:
+  priority: 10
+  match: {tags: [prefer-east]}
+  steps: [{type: PreferModel, preferModel: {model: east-model}}]
+"""
+    hub = start_hub(certs / "hub", config=config)
+    spokes = {c: start_spoke(cfg, *hub_flags(hub, certs, c)) for c, cfg in configs.items()}
+
+    def acks():
+        return {c["cluster"]: c["config"] for c in hub.status()["clusters"] if c.get("config")}
+    wait_for("both spokes answered", lambda: len(acks()) == 2)
+    assert acks()["east"]["applied"] is True, acks()
+    west = acks()["west"]
+    assert west["applied"] is False and "hub:InferencePolicy/prefer-east" in west["error"], west
+    assert "east-model" in west["error"], west
+    st = spokes["west"].status()
+    assert st["hub"]["configVersion"] is None and "prefer-east" in st["hub"]["configError"], st["hub"]
+    assert re.search(r'switchyard_hub_config_acks_total\{cluster="west",outcome="refused"\} 1', hub.metrics())
+    # West keeps its own configuration (no pii policy of the hub's) and the hub still uses it.
+    r = httpx.post(spokes["west"].url + "/v1/chat/completions", timeout=30, headers={"x-switchyard-tags": "pii"},
+                   json={"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
 
 
 def test_a_pinned_worker_set_narrows_the_spokes_choice(start_sim, start_spoke):

@@ -72,8 +72,8 @@ pub const fn spec(name: &'static str, help: &'static str, kind: Kind, source: So
 }
 
 /// Upper bounds of the latency histograms, seconds (`+Inf` is implicit).
-pub const LATENCY_BUCKETS: [f64; 15] =
-    [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
+pub const LATENCY_BUCKETS: [f64; 17] =
+    [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
 
 /// The `Content-Type` of [`Metrics::render`]'s output: Prometheus text, version 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;

@@ -16,6 +16,7 @@ use switchyard_core::engine::{Outcome, Target};
 use switchyard_gateway::plan;
 use switchyard_hub::fleet::LiveCluster;
 use switchyard_hub::prefix::PrefixIndex;
+use switchyard_hub::prompt::SetTokens;
 use switchyard_hub::route::{cached_tokens, cluster_fleet, snapshot};
 use switchyard_proto::coarse::{DEFAULT_FACTOR, chained, local_hashes};
 use switchyard_proto::v1::{CoarseBlock, CoarseBlocks, CoarseReport, WorkerSetInfo, WorkerSetLoad};
@@ -107,14 +108,16 @@ fn bench_decision(c: &mut Criterion) {
         let report = CoarseReport {
             worker_sets: vec![CoarseBlocks { worker_set: format!("s{i}"), reset: true, stored, removed: vec![] }],
         };
-        index.apply(&format!("c{i}"), &report);
+        rt.block_on(index.apply(&format!("c{i}"), &report));
     }
-    rt.block_on(index.flush());
 
     // An 8,192-token prompt whose first 4,096 tokens are prefix 7 (held by 16 sets).
     let mut tokens = prefix_tokens(7);
     tokens.extend((0..4_096).map(|i| 900_000_000 + i));
-    let holders = cached_tokens(&index, &live, &tokens);
+    // Every set shares one tokenizer, so every set shares the prompt's tokens.
+    let shared = std::sync::Arc::new(tokens.clone());
+    let prompts: SetTokens = (0..SETS).map(|i| (format!("s{i}"), shared.clone())).collect();
+    let holders = cached_tokens(&index, &live, &prompts);
     assert_eq!(holders.len(), HOLDERS, "{holders:?}");
     assert!(holders.values().all(|&n| n == 4_096), "{holders:?}");
     let sent = HashMap::new();
@@ -126,7 +129,7 @@ fn bench_decision(c: &mut Criterion) {
     );
     let mut decide = || {
         request_no += 1;
-        let cached = cached_tokens(&index, &live, &tokens);
+        let cached = cached_tokens(&index, &live, &prompts);
         let snap = snapshot(&fleet, &live, &sent);
         let features = plan::features(&req, tokens.len() as u32, cached, request_no);
         match plan::plan(&fleet, &snap, &features).outcome {
@@ -160,7 +163,7 @@ fn bench_decision(c: &mut Criterion) {
     );
     c.bench_function("hub/decision-1e6-coarse-blocks-64-sets", |b| b.iter(&mut decide));
     // Its parts, to see where the time goes.
-    c.bench_function("hub/decision-part-prefix-lookup", |b| b.iter(|| cached_tokens(&index, &live, &tokens)));
+    c.bench_function("hub/decision-part-prefix-lookup", |b| b.iter(|| cached_tokens(&index, &live, &prompts)));
     c.bench_function("hub/decision-part-snapshot", |b| b.iter(|| snapshot(&fleet, &live, &sent)));
 }
 

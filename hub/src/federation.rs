@@ -2,8 +2,9 @@
 //!
 //! A stream's life: identity from the verified client certificate → the first message must be
 //! a hello naming that same cluster (else `PERMISSION_DENIED`, or `INVALID_ARGUMENT` for a
-//! malformed one) → a welcome → load reports (and coarse cache reports, into the
-//! [`PrefixIndex`]) until either side ends. Its task belongs to the
+//! malformed one) → a welcome and the hub's configuration snapshot (its fleet-wide
+//! resources, [`switchyard_config::federated`]) → load reports (and coarse cache reports, into
+//! the [`PrefixIndex`], and the spoke's answer to the snapshot) until either side ends. Its task belongs to the
 //! hub's task tracker and ends on shutdown, on the spoke closing, or when a newer stream of
 //! the same cluster supersedes it; the fleet view's session ends with it.
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use switchyard_proto::tls::{cluster_of, is_dns_label};
 use switchyard_proto::v1::federation_server::Federation;
-use switchyard_proto::v1::{Hello, HubMessage, SpokeMessage, Welcome, hub_message, spoke_message};
+use switchyard_proto::v1::{ConfigSnapshot, Hello, HubMessage, SpokeMessage, Welcome, hub_message, spoke_message};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +40,8 @@ pub struct FederationService {
     pub fleet: Arc<FleetView>,
     /// The prefix index the coarse reports feed.
     pub prefix: Arc<PrefixIndex>,
+    /// The fleet-wide configuration every spoke is sent (none without a configuration).
+    pub config: Option<Arc<ConfigSnapshot>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Owner of the session tasks.
@@ -121,6 +124,9 @@ impl Federation for FederationService {
             lost_after_ms: self.fleet.lost_after().as_millis() as u32,
         };
         let _ = tx.send(Ok(HubMessage { kind: Some(hub_message::Kind::Welcome(welcome)) })).await;
+        if let Some(config) = &self.config {
+            let _ = tx.send(Ok(HubMessage { kind: Some(hub_message::Kind::Config(config.as_ref().clone())) })).await;
+        }
 
         let (fleet, metrics, stop) = (self.fleet.clone(), self.metrics.clone(), self.stop.clone());
         let prefix = self.prefix.clone();
@@ -144,9 +150,21 @@ impl Federation for FederationService {
                             break "superseded by a newer stream";
                         }
                         let bytes = prost::Message::encoded_len(&report) as f64;
-                        prefix.apply(&cluster, &report);
+                        prefix.apply(&cluster, &report).await;
                         metrics.inc(m::COARSE_REPORTS_TOTAL, &[("cluster", &cluster)], 1.0);
                         metrics.inc(m::COARSE_BYTES_TOTAL, &[("cluster", &cluster)], bytes);
+                    }
+                    Ok(Some(SpokeMessage { kind: Some(spoke_message::Kind::ConfigAck(ack)) })) => {
+                        let outcome = if ack.applied { "applied" } else { "refused" };
+                        if ack.applied {
+                            tracing::info!(%cluster, version = %ack.version, "spoke serves the hub's configuration");
+                        } else {
+                            tracing::warn!(%cluster, version = %ack.version, error = %ack.error, "spoke refused the hub's configuration");
+                        }
+                        if fleet.config_ack(&cluster, session, ack) == Report::Superseded {
+                            break "superseded by a newer stream";
+                        }
+                        metrics.inc(m::CONFIG_ACKS_TOTAL, &[("cluster", &cluster), ("outcome", outcome)], 1.0);
                     }
                     Ok(Some(_)) => {
                         let _ = tx.send(Err(Status::invalid_argument("hello may be sent only once"))).await;

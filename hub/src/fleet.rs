@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
-use switchyard_proto::v1::{Hello, LoadReport, WorkerSetInfo, WorkerSetLoad};
+use switchyard_proto::v1::{ConfigAck, Hello, LoadReport, WorkerSetInfo, WorkerSetLoad};
 
 /// Identifies one stream of one cluster.
 pub type SessionId = u64;
@@ -38,6 +38,8 @@ struct Cluster {
     last_report: Option<(Instant, LoadReport)>,
     reports: u64,
     sessions: u64,
+    /// The spoke's latest answer to the hub's configuration (kept across its sessions).
+    config: Option<ConfigAck>,
 }
 
 /// A cluster the hub may choose now, with what it last reported.
@@ -115,7 +117,8 @@ impl FleetView {
         let session = self.with(|(next, clusters)| {
             *next += 1;
             let session = *next;
-            let (sessions, reports) = clusters.get(&hello.cluster).map_or((0, 0), |c| (c.sessions, c.reports));
+            let (sessions, reports, config) =
+                clusters.get(&hello.cluster).map_or((0, 0, None), |c| (c.sessions, c.reports, c.config.clone()));
             clusters.insert(
                 hello.cluster.clone(),
                 Cluster {
@@ -128,6 +131,7 @@ impl FleetView {
                     last_report: None,
                     reports,
                     sessions: sessions + 1,
+                    config,
                 },
             );
             session
@@ -150,6 +154,17 @@ impl FleetView {
             self.changed();
         }
         outcome
+    }
+
+    /// Records `cluster`'s answer to the hub's configuration, from `session`.
+    pub fn config_ack(&self, cluster: &str, session: SessionId, ack: ConfigAck) -> Report {
+        self.with(|(_, clusters)| match clusters.get_mut(cluster) {
+            Some(c) if c.session == session && c.connected_at.is_some() => {
+                c.config = Some(ack);
+                Report::Applied
+            }
+            _ => Report::Superseded,
+        })
     }
 
     /// Whether `session` is still `cluster`'s open session.
@@ -233,6 +248,10 @@ impl FleetView {
                         "connectedAt": c.connected_wall.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
                         "sessions": c.sessions, "reports": c.reports, "msSinceReport": since,
                         "workerSets": sets,
+                        "config": c.config.as_ref().map(|a| json!({
+                            "version": a.version, "applied": a.applied,
+                            "error": (!a.error.is_empty()).then_some(&a.error),
+                        })),
                     })
                 })
                 .collect();

@@ -19,6 +19,7 @@ pub mod fleet;
 pub mod listener;
 pub mod metric_names;
 pub mod prefix;
+pub mod prompt;
 pub mod route;
 pub mod sent;
 
@@ -32,6 +33,7 @@ use switchyard_gateway::metrics::Metrics;
 use switchyard_gateway::server::{FrontDoor, ServeConfig, api_router, serve};
 use switchyard_proto::tls::{ReloadingServerConfig, TlsError, TlsFiles};
 use switchyard_proto::v1::federation_server::FederationServer;
+use switchyard_proto::v1::{ConfigDocument, ConfigSnapshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -84,6 +86,8 @@ pub struct HubConfig {
     pub batch_max_wait: Duration,
     /// Where Kubernetes Secrets referenced by providers are mounted (`DIR/NAME/KEY`).
     pub secrets_dir: Option<PathBuf>,
+    /// How clusters are chosen (cache-aware unless benchmarking a baseline).
+    pub cluster_choice: route::ClusterChoice,
 }
 
 impl HubConfig {
@@ -102,6 +106,7 @@ impl HubConfig {
             cert_reload_interval: CERT_RELOAD_INTERVAL,
             batch_max_wait: DEFAULT_BATCH_MAX_WAIT,
             secrets_dir: None,
+            cluster_choice: route::ClusterChoice::CacheAware,
         }
     }
 }
@@ -151,9 +156,9 @@ async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr),
 }
 
 /// Loads and validates the fleet configuration (empty without paths).
-fn load_fleet(paths: &[PathBuf]) -> Result<switchyard_core::FleetConfig, StartError> {
+fn load_fleet(paths: &[PathBuf]) -> Result<switchyard_config::Checked, StartError> {
     if paths.is_empty() {
-        return Ok(switchyard_core::FleetConfig::default());
+        return Ok(switchyard_config::Checked::default());
     }
     let checked = switchyard_config::check_paths(paths).map_err(|e| StartError::Config(e.to_string()))?;
     if checked.error_count() > 0 {
@@ -161,7 +166,7 @@ fn load_fleet(paths: &[PathBuf]) -> Result<switchyard_core::FleetConfig, StartEr
             checked.diagnostics.iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
         return Err(StartError::Config(rendered.join("\n")));
     }
-    Ok(checked.config)
+    Ok(checked)
 }
 
 impl Hub {
@@ -169,7 +174,21 @@ impl Hub {
     /// federation and the admin listeners.
     pub async fn start(cfg: HubConfig) -> Result<Hub, StartError> {
         let tls = Arc::new(ReloadingServerConfig::load(cfg.tls.clone())?);
-        let fleet_config = load_fleet(&cfg.config_paths)?;
+        let checked = load_fleet(&cfg.config_paths)?;
+        // What every spoke is sent; a hub without configuration sends nothing.
+        let pushed = (!cfg.config_paths.is_empty()).then(|| {
+            let docs = switchyard_config::federated::fleet_documents(&checked.resources);
+            tracing::info!(version = %docs.version, documents = docs.documents.len(), "fleet-wide configuration for the spokes");
+            Arc::new(ConfigSnapshot {
+                version: docs.version,
+                documents: docs.documents.into_iter().map(|(label, text)| ConfigDocument { label, text }).collect(),
+            })
+        });
+        let fleet_config = checked.config;
+        let (tokenizers, failures) = prompt::PromptTokenizers::load(&checked.resources);
+        for (set, error) in failures {
+            tracing::error!(worker_set = %set, %error, "tokenizer unavailable at the hub: the set is chosen by load");
+        }
         let (api_listener, api_addr) = bind(cfg.api_listen).await?;
         let (listener, addr) = bind(cfg.listen).await?;
         let (admin_listener, admin_addr) = bind(cfg.admin_listen).await?;
@@ -188,6 +207,7 @@ impl Hub {
             load_interval: cfg.load_interval,
             fleet: fleet.clone(),
             prefix: prefix.clone(),
+            config: pushed,
             metrics: metrics.clone(),
             tasks: tasks.clone(),
             stop: stop.clone(),
@@ -205,6 +225,7 @@ impl Hub {
             }
         }));
         let batch = Arc::new(batch::BatchQueue::new(cfg.batch_max_wait));
+        let cpu = CpuPool::new(0);
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
@@ -238,8 +259,10 @@ impl Hub {
             providers: providers.clone(),
             spill: spill.clone(),
             prefix: prefix.clone(),
+            tokenizers: Arc::new(tokenizers),
+            cpu: cpu.clone(),
+            choice: cfg.cluster_choice,
         };
-        let cpu = CpuPool::new(0);
         let front = Arc::new(FrontDoor::new(backend, cpu, cfg.front.clone()));
         let expired = front.expired.clone();
         servers.push(tokio::spawn(serve(

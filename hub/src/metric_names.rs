@@ -33,6 +33,13 @@ pub const BATCH_QUEUE_DEPTH: &str = "switchyard_hub_batch_queue_depth";
 pub const BATCH_WAIT_SECONDS: &str = "switchyard_hub_batch_wait_seconds";
 /// Queued batch requests by outcome: `dispatched`, `timed_out`.
 pub const BATCH_REQUESTS_TOTAL: &str = "switchyard_hub_batch_requests_total";
+/// Time the hub spent on a request before sending it to a spoke (tokenization, the prefix
+/// lookup, planning; a batch request's wait in the queue is not included).
+pub const ROUTE_SECONDS: &str = "switchyard_hub_route_seconds";
+/// Time from sending a request to a spoke until its first token reached the hub.
+pub const UPSTREAM_TTFT_SECONDS: &str = "switchyard_hub_upstream_ttft_seconds";
+/// Spokes' answers to the hub's configuration, by cluster and outcome (`applied`, `refused`).
+pub const CONFIG_ACKS_TOTAL: &str = "switchyard_hub_config_acks_total";
 
 /// Every metric the hub exports.
 pub const CATALOGUE: &[Spec] = {
@@ -43,6 +50,12 @@ pub const CATALOGUE: &[Spec] = {
         spec(REFUSED_TOTAL, "Spoke connections refused, by reason", Counter, Recorded),
         spec(LOAD_REPORTS_TOTAL, "Load reports applied, by cluster", Counter, Recorded),
         spec(COARSE_REPORTS_TOTAL, "Coarse cache reports applied, by cluster", Counter, Recorded),
+        spec(
+            CONFIG_ACKS_TOTAL,
+            "Spokes' answers to the hub's configuration, by cluster and outcome",
+            Counter,
+            Recorded,
+        ),
         spec(COARSE_BYTES_TOTAL, "Encoded bytes of the coarse cache reports applied, by cluster", Counter, Recorded),
         spec(PREFIX_BLOCKS, "Coarse blocks the prefix index holds, by cluster and worker set", Gauge, Scraped),
         spec(CLUSTERS, "Clusters by state: live (choosable) or connected", Gauge, Scraped),
@@ -56,6 +69,18 @@ pub const CATALOGUE: &[Spec] = {
             Recorded,
         ),
         spec(BATCH_REQUESTS_TOTAL, "Queued batch requests by outcome", Counter, Recorded),
+        spec(
+            ROUTE_SECONDS,
+            "Time spent on a request before it was sent to a spoke (tokenization, prefix lookup, planning) in seconds",
+            Histogram,
+            Recorded,
+        ),
+        spec(
+            UPSTREAM_TTFT_SECONDS,
+            "Time from sending a request to a spoke until its first token arrived in seconds, by cluster",
+            Histogram,
+            Recorded,
+        ),
     ]
 };
 

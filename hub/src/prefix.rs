@@ -7,7 +7,8 @@
 //! leading coarse blocks it holds.
 //!
 //! Invariants: writes go through the indexer's own thread, in the order the reports arrived
-//! (per cluster, the order of its stream); reads are inline and never wait for writes. A set's
+//! (per cluster, the order of its stream), and a report's counts change only once the tree
+//! holds it; reads are inline and never wait for writes. A set's
 //! first report on a stream resets what the hub held for it, so a reconnecting spoke's copy
 //! replaces the old one whole. A cluster that is not live keeps its entries (it is not a
 //! candidate, so they are never read) until its next stream resets them.
@@ -96,14 +97,19 @@ impl PrefixIndex {
         }
     }
 
-    /// Applies one coarse report of `cluster`.
-    pub fn apply(&self, cluster: &str, report: &CoarseReport) {
-        for set in &report.worker_sets {
-            self.apply_set(cluster, set);
+    /// Applies one coarse report of `cluster` and returns once the tree holds it, so what
+    /// [`PrefixIndex::held`] shows is what a lookup finds.
+    pub async fn apply(&self, cluster: &str, report: &CoarseReport) {
+        let counts: Vec<(WorkerId, i64, bool)> =
+            report.worker_sets.iter().map(|set| self.enqueue_set(cluster, set)).collect();
+        self.flush().await;
+        for (id, delta, reset) in counts {
+            self.count(id, delta, reset);
         }
     }
 
-    fn apply_set(&self, cluster: &str, set: &CoarseBlocks) {
+    /// Enqueues one set's changes; returns its id and the change of its count.
+    fn enqueue_set(&self, cluster: &str, set: &CoarseBlocks) -> (WorkerId, i64, bool) {
         let id = self.id(&(cluster.to_owned(), set.worker_set.clone()));
         if set.reset {
             self.enqueue(id, KvCacheEventData::Cleared);
@@ -131,7 +137,7 @@ impl PrefixIndex {
             let block_hashes = set.removed.iter().map(|h| ExternalSequenceBlockHash(*h)).collect();
             self.enqueue(id, KvCacheEventData::Removed(KvCacheRemoveData { block_hashes }));
         }
-        self.count(id, set.stored.len() as i64 - set.removed.len() as i64, set.reset);
+        (id, set.stored.len() as i64 - set.removed.len() as i64, set.reset)
     }
 
     /// Leading coarse blocks of a prompt (its coarse local hashes, `local`) each pair holds;
@@ -157,8 +163,8 @@ impl PrefixIndex {
         ids.pairs.iter().cloned().zip(ids.held.iter().map(|n| (*n).max(0) as u64)).collect()
     }
 
-    /// Waits until every report received so far is applied (tests, benchmarks).
-    pub async fn flush(&self) {
+    /// Waits until every event enqueued so far is in the tree.
+    async fn flush(&self) {
         let _ = self.tree.flush_and_wait().await;
     }
 }
@@ -184,9 +190,8 @@ mod tests {
         let prompt: Vec<u64> = (1..=64).collect();
         let chain4 = blocks(&prompt, 16);
         assert_eq!(chain4.len(), 4);
-        index.apply("east", &report("a", true, chain4.clone(), vec![]));
-        index.apply("west", &report("a", true, chain4[..1].to_vec(), vec![]));
-        index.flush().await;
+        index.apply("east", &report("a", true, chain4.clone(), vec![])).await;
+        index.apply("west", &report("a", true, chain4[..1].to_vec(), vec![])).await;
         let q = local_hashes(&prompt, 16);
         let got = index.lookup(&q);
         assert_eq!(got.get(&("east".into(), "a".into())), Some(&4));
@@ -197,11 +202,9 @@ mod tests {
         assert_eq!(index.lookup(&local_hashes(&other, 16)).get(&("east".into(), "a".into())), Some(&1));
 
         // East evicts its tail; then reconnects with an empty cache.
-        index.apply("east", &report("a", false, vec![], vec![chain4[3].hash, chain4[2].hash]));
-        index.flush().await;
+        index.apply("east", &report("a", false, vec![], vec![chain4[3].hash, chain4[2].hash])).await;
         assert_eq!(index.lookup(&q).get(&("east".into(), "a".into())), Some(&2));
-        index.apply("east", &report("a", true, vec![], vec![]));
-        index.flush().await;
+        index.apply("east", &report("a", true, vec![], vec![])).await;
         assert!(!index.lookup(&q).contains_key(&("east".into(), "a".into())));
         let held: HashMap<_, _> = index.held().into_iter().collect();
         assert_eq!(held[&("east".to_string(), "a".to_string())], 0);

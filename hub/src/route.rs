@@ -9,6 +9,11 @@
 //! with the set named in `x-switchyard-worker-set` and the request's class and tags, so the
 //! spoke's own policies apply too.
 //!
+//! The prompt is tokenized with each candidate set's tokenizer ([`crate::prompt`]) and looked
+//! up in the cross-cluster prefix index ([`cached_tokens`]): the cached tokens per pair go
+//! into the policy engine's TTFT prediction, so a cluster that holds the prompt's prefix
+//! wins over a shorter queue when the prefill it saves is worth more.
+//!
 //! A `batch` request its policy queues (`onEmpty: Queue`) waits in the hub's
 //! [`BatchQueue`] and is planned again as the fleet view changes; any other request is
 //! answered at once.
@@ -32,9 +37,10 @@ use switchyard_core::predictor::TtftModel;
 use switchyard_core::request::{RequestClass, WorkerKey};
 use switchyard_core::snapshot::WorkerState;
 use switchyard_core::{FleetConfig, FleetSnapshot, resolve};
+use switchyard_gateway::admission::CpuPool;
 use switchyard_gateway::backend::{Backend, Routed, Target};
 use switchyard_gateway::error::{ErrorKind, GatewayError};
-use switchyard_gateway::observe::Dispatch;
+use switchyard_gateway::observe::{Dispatch, Observer};
 use switchyard_gateway::plan;
 use switchyard_gateway::request::InferenceRequest;
 use switchyard_gateway::upstream::{OpenAiUpstream, ResponseBounds, Upstream};
@@ -46,14 +52,38 @@ use crate::batch::{BatchQueue, SetOfCluster};
 use crate::fleet::{FleetView, LiveCluster};
 use crate::metric_names as m;
 use crate::prefix::PrefixIndex;
-use crate::sent::{Sent, SentSinceReport};
+use crate::prompt::{PromptTokenizers, SetTokens};
+use crate::sent::{Sent, SentObserver, SentSinceReport};
 use switchyard_gateway::metrics::Metrics;
 
 /// Clusters tried per request at most (the first choice and its alternatives).
 const MAX_ATTEMPTS: usize = 3;
-/// Characters per token assumed for a prompt's length until the hub tokenizes (it plans the
-/// cluster; the spoke counts exactly).
+/// Characters per token assumed for the length of a prompt no worker set's tokenizer is
+/// available for at the hub (it plans the cluster; the spoke counts exactly).
 const CHARS_PER_TOKEN: usize = 4;
+
+/// How the hub chooses among the clusters a request's policy admits. Only
+/// [`ClusterChoice::CacheAware`] is for production; the others are the baselines the
+/// federation benchmark measures it against (`e2e/bench/run --federation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClusterChoice {
+    /// The policy engine's ranking with each cluster's cached prefix from the prefix index.
+    #[default]
+    CacheAware,
+    /// The same ranking blind to caches: load and queue only.
+    LeastLoaded,
+    /// Any admitted cluster, uniformly (the ranking's order is dropped).
+    Random,
+}
+
+/// A well-mixed number from a request number (SplitMix64's finaliser), for
+/// [`ClusterChoice::Random`]: reproducible for a given request order.
+fn mixed(request_no: u64) -> u64 {
+    let mut z = request_no.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
 
 /// The fleet configuration as the hub plans with it: every worker set's workers replaced by
 /// one, named after its cluster.
@@ -100,19 +130,28 @@ pub fn set_state(load: &WorkerSetLoad, configured: TtftModel, sent: Sent) -> Wor
 }
 
 /// Prompt tokens each live (cluster, worker set) pair holds in its engines' caches, as the
-/// prefix index knows them: the prompt's engine blocks at the set's block size, re-blocked
-/// at the set's coarse factor ([`switchyard_proto::coarse`]), looked up once per distinct
-/// (block size, factor); a pair holding `n` leading coarse blocks holds `n × factor × block
-/// size` tokens. Pairs holding none, and sets without a coarse copy, are left out.
-pub fn cached_tokens(prefix: &PrefixIndex, live: &[LiveCluster], tokens: &[u32]) -> BTreeMap<WorkerKey, u32> {
-    let mut by_grain: BTreeMap<(u32, u32), Vec<(&str, &str)>> = BTreeMap::new();
+/// prefix index knows them: the prompt's engine blocks at the set's block size (from the
+/// set's own tokens in `prompts`), re-blocked at the set's coarse factor
+/// ([`switchyard_proto::coarse`]), looked up once per distinct (tokens, block size, factor);
+/// a pair holding `n` leading coarse blocks holds `n × factor × block size` tokens. Pairs
+/// holding none, sets without a coarse copy and sets without tokens are left out.
+pub fn cached_tokens(prefix: &PrefixIndex, live: &[LiveCluster], prompts: &SetTokens) -> BTreeMap<WorkerKey, u32> {
+    // Sets sharing a tokenizer share the tokens' `Arc`: one lookup per (tokens, grain).
+    type Grain = (*const Vec<u32>, u32, u32);
+    type Pairs<'a> = (&'a [u32], Vec<(&'a str, &'a str)>);
+    let mut by_grain: BTreeMap<Grain, Pairs<'_>> = BTreeMap::new();
     for c in live {
         for ws in c.worker_sets.iter().filter(|ws| ws.kv_block_size > 0 && ws.coarse_block_factor > 0) {
-            by_grain.entry((ws.kv_block_size, ws.coarse_block_factor)).or_default().push((&c.cluster, &ws.name));
+            let Some(tokens) = prompts.get(&ws.name) else { continue };
+            by_grain
+                .entry((Arc::as_ptr(tokens), ws.kv_block_size, ws.coarse_block_factor))
+                .or_insert_with(|| (tokens.as_slice(), Vec::new()))
+                .1
+                .push((&c.cluster, &ws.name));
         }
     }
     let mut out = BTreeMap::new();
-    for ((block_size, factor), pairs) in by_grain {
+    for ((_, block_size, factor), (tokens, pairs)) in by_grain {
         let blocks: Vec<u64> = compute_block_hash_for_seq(tokens, block_size, BlockHashOptions::default())
             .into_iter()
             .map(|h| h.0)
@@ -172,19 +211,38 @@ pub struct HubBackend {
     pub spill: Arc<Spillover>,
     /// Which cluster holds which prompt prefix (the spokes' coarse reports).
     pub prefix: Arc<PrefixIndex>,
+    /// The worker sets' tokenizers, to look prompts up in `prefix`.
+    pub tokenizers: Arc<PromptTokenizers>,
+    /// Where prompts are tokenized (off the async threads).
+    pub cpu: CpuPool,
+    /// How clusters are chosen.
+    pub choice: ClusterChoice,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
 
 struct ClusterTarget {
     label: String,
+    metrics: Arc<Metrics>,
     upstream: OpenAiUpstream,
     /// Where its dispatch is counted: the pair, its cluster's report count when planned, and
-    /// the prompt's estimated tokens.
+    /// the prompt's tokens the pair does not hold (the prefill it queues there).
     ledger: Arc<SentSinceReport>,
     pair: SetOfCluster,
     reports: u64,
     prompt_tokens: u32,
+}
+
+/// Records when a spoke's first token arrived ([`m::UPSTREAM_TTFT_SECONDS`]).
+struct UpstreamTtft {
+    metrics: Arc<Metrics>,
+    cluster: String,
+}
+
+impl Observer for UpstreamTtft {
+    fn first_token(&mut self, elapsed: std::time::Duration) {
+        self.metrics.observe(m::UPSTREAM_TTFT_SECONDS, &[("cluster", &self.cluster)], elapsed.as_secs_f64());
+    }
 }
 
 impl Target for ClusterTarget {
@@ -198,7 +256,15 @@ impl Target for ClusterTarget {
 
     fn dispatch(&self, _attempt: usize) -> Dispatch {
         self.ledger.record(self.pair.clone(), self.reports, self.prompt_tokens);
-        Dispatch::bare()
+        let mut dispatch = Dispatch::bare();
+        dispatch.observers.push(Box::new(UpstreamTtft { metrics: self.metrics.clone(), cluster: self.pair.0.clone() }));
+        dispatch.observers.push(Box::new(SentObserver {
+            ledger: self.ledger.clone(),
+            pair: self.pair.clone(),
+            reports: self.reports,
+            prompt_tokens: self.prompt_tokens,
+        }));
+        dispatch
     }
 }
 
@@ -211,6 +277,23 @@ fn estimated_tokens(req: &InferenceRequest) -> u32 {
     let body = switchyard_gateway::openai::upstream_body(req, &req.model);
     let chars: usize = ["messages", "prompt"].iter().filter_map(|k| body.get(*k)).map(|v| v.to_string().len()).sum();
     (chars / CHARS_PER_TOKEN) as u32
+}
+
+/// What planning knows of a request's prompt: its tokens per worker set the hub can
+/// tokenize for, and its length (exact when tokenized, else estimated).
+struct Prompt {
+    tokens: SetTokens,
+    length: u32,
+}
+
+impl Prompt {
+    fn new(req: &InferenceRequest, tokens: SetTokens) -> Prompt {
+        let length = match tokens.values().map(|t| t.len()).max() {
+            Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+            None => estimated_tokens(req),
+        };
+        Prompt { tokens, length }
+    }
 }
 
 /// One planning pass.
@@ -226,6 +309,7 @@ impl HubBackend {
     fn plan_once(
         &self,
         req: &InferenceRequest,
+        prompt: &Prompt,
         live: &[LiveCluster],
         excluded: &BTreeSet<SetOfCluster>,
     ) -> Result<Planned, GatewayError> {
@@ -233,8 +317,12 @@ impl HubBackend {
         snap.workers.retain(|k, _| !excluded.contains(&(k.worker.to_string(), k.worker_set.to_string())));
         snap.providers = self.providers.states(Instant::now());
         let request_no = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
-        let prompt_tokens = estimated_tokens(req);
-        let features = plan::features(req, prompt_tokens, BTreeMap::new(), request_no);
+        let prompt_tokens = prompt.length;
+        let cached = match self.choice {
+            ClusterChoice::CacheAware => cached_tokens(&self.prefix, live, &prompt.tokens),
+            ClusterChoice::LeastLoaded | ClusterChoice::Random => BTreeMap::new(),
+        };
+        let features = plan::features(req, prompt_tokens, cached, request_no);
         let decision = plan::plan(&self.fleet, &snap, &features);
         match &decision.outcome {
             Outcome::Route { target: DecidedTarget::Worker { .. } } => {}
@@ -262,7 +350,12 @@ impl HubBackend {
                 return Ok(Planned::Queued { message: message.clone(), policy: decision.policy.clone() });
             }
         }
-        let ranked = plan::ranked_workers(&decision, MAX_ATTEMPTS, |k| snap.workers.contains_key(k));
+        let mut ranked = plan::ranked_workers(&decision, usize::MAX, |k| snap.workers.contains_key(k));
+        if self.choice == ClusterChoice::Random && !ranked.is_empty() {
+            let first = (mixed(request_no) % ranked.len() as u64) as usize;
+            ranked.rotate_left(first);
+        }
+        ranked.truncate(MAX_ATTEMPTS);
         let mut first = None;
         let mut targets: Vec<Box<dyn Target>> = Vec::new();
         for (key, _) in &ranked {
@@ -271,10 +364,11 @@ impl HubBackend {
             first.get_or_insert((pair.clone(), cluster.reports));
             targets.push(Box::new(ClusterTarget {
                 label: format!("{}/{}", key.worker, key.worker_set),
+                metrics: self.metrics.clone(),
                 ledger: self.sent.clone(),
                 pair,
                 reports: cluster.reports,
-                prompt_tokens,
+                prompt_tokens: prompt_tokens.saturating_sub(features.cached_tokens.get(key).copied().unwrap_or(0)),
                 upstream: OpenAiUpstream {
                     client: self.client.clone(),
                     base_url: cluster.front_door_url.trim_end_matches('/').to_string(),
@@ -305,7 +399,7 @@ impl HubBackend {
     /// A queued batch request: waits in [`BatchQueue`]'s line, planning again (when it is the
     /// oldest) on every change of the fleet view, until its policy admits a worker set or it
     /// has waited the queue's `max_wait`.
-    async fn wait_in_line(&self, req: &InferenceRequest) -> Result<Routed, GatewayError> {
+    async fn wait_in_line(&self, req: &InferenceRequest, prompt: &Prompt) -> Result<Routed, GatewayError> {
         let started = Instant::now();
         let deadline = started + self.batch.max_wait();
         let place = self.batch.join();
@@ -315,7 +409,7 @@ impl HubBackend {
             let mut last = None;
             if place.is_head() {
                 let live = self.view.live(Instant::now());
-                match self.plan_once(req, &live, &self.batch.taken(&live))? {
+                match self.plan_once(req, prompt, &live, &self.batch.taken(&live))? {
                     Planned::Routed(routed, first) => {
                         if let Some((pair, reports)) = first {
                             self.batch.take(pair, reports);
@@ -363,11 +457,17 @@ impl Backend for HubBackend {
     }
 
     async fn route(&self, req: Arc<InferenceRequest>) -> Result<Routed, GatewayError> {
-        resolve::expand(&self.fleet, &req.model).map_err(|e| GatewayError::model_not_found(e.to_string()))?;
+        let started = Instant::now();
+        let sets =
+            resolve::worker_sets(&self.fleet, &req.model).map_err(|e| GatewayError::model_not_found(e.to_string()))?;
+        let prompt = Prompt::new(&req, self.tokenizers.tokens(&req, &sets, &self.cpu).await?);
         let live = self.view.live(Instant::now());
-        match self.plan_once(&req, &live, &BTreeSet::new())? {
-            Planned::Routed(routed, _) => Ok(routed),
-            Planned::Queued { .. } if req.class == RequestClass::Batch => self.wait_in_line(&req).await,
+        match self.plan_once(&req, &prompt, &live, &BTreeSet::new())? {
+            Planned::Routed(routed, _) => {
+                self.metrics.observe(m::ROUTE_SECONDS, &[], started.elapsed().as_secs_f64());
+                Ok(routed)
+            }
+            Planned::Queued { .. } if req.class == RequestClass::Batch => self.wait_in_line(&req, &prompt).await,
             Planned::Queued { message, .. } => Err(GatewayError::new(ErrorKind::NoCapacity, "no_capacity", message)),
         }
     }
@@ -571,19 +671,21 @@ spec: {models: [{name: m, pool: p}]}
         let stored = switchyard_proto::coarse::chained(&switchyard_proto::coarse::local_hashes(&blocks, 16));
         assert_eq!(stored.len(), 7, "125 engine blocks make 7 coarse blocks of 16");
         let prefix = PrefixIndex::new();
-        prefix.apply(
-            "west",
-            &switchyard_proto::v1::CoarseReport {
-                worker_sets: vec![switchyard_proto::v1::CoarseBlocks {
-                    worker_set: "w".into(),
-                    reset: true,
-                    stored,
-                    removed: vec![],
-                }],
-            },
-        );
-        prefix.flush().await;
-        let cached = cached_tokens(&prefix, &live, &prompt);
+        prefix
+            .apply(
+                "west",
+                &switchyard_proto::v1::CoarseReport {
+                    worker_sets: vec![switchyard_proto::v1::CoarseBlocks {
+                        worker_set: "w".into(),
+                        reset: true,
+                        stored,
+                        removed: vec![],
+                    }],
+                },
+            )
+            .await;
+        let prompts = SetTokens::from([("e".to_owned(), Arc::new(prompt.clone())), ("w".to_owned(), Arc::new(prompt))]);
+        let cached = cached_tokens(&prefix, &live, &prompts);
         let west = WorkerKey { worker_set: "w".into(), worker: "west".into() };
         assert_eq!(cached, BTreeMap::from([(west, 7 * 256)]));
 

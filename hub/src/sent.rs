@@ -7,12 +7,20 @@
 //! planning adds the pair's count (and prompt tokens) to the reported queue, and a newer
 //! report from the cluster — which accounts for what it received — clears it.
 //!
-//! Invariants: counts only grow between two reports of a cluster and are dropped at its next
-//! one (or when it is no longer live); the ledger is one small map behind a mutex held for
+//! A request the hub sees progress leaves the count early: its prompt tokens once its first
+//! token arrives (the prefill is done), the request itself when it ends — but only while the
+//! count it was added to stands, since a newer report already shows it.
+//!
+//! Invariants: counts only grow between two reports of a cluster, apart from requests the
+//! hub saw prefilled or ended, and are dropped at its next one (or when it is no longer
+//! live); the ledger is one small map behind a mutex held for
 //! no more than one insert or one pass over the live clusters, never across an await.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use switchyard_gateway::observe::{Observer, Outcome};
 
 use crate::batch::SetOfCluster;
 use crate::fleet::LiveCluster;
@@ -22,7 +30,8 @@ use crate::fleet::LiveCluster;
 pub struct Sent {
     /// Requests.
     pub requests: u32,
-    /// Their estimated prompt tokens.
+    /// Their prompt tokens not yet prefilled that the prefix index does not hold where
+    /// they were sent (estimated when the hub has no tokenizer for the set).
     pub prompt_tokens: u64,
 }
 
@@ -61,6 +70,20 @@ impl SentSinceReport {
         });
     }
 
+    /// A request counted by [`SentSinceReport::record`] with `reports` made progress:
+    /// `prefilled` prompt tokens and, when `ended`, the request itself leave the count —
+    /// if the count still holds them (no newer report of the cluster started a new one).
+    pub fn progressed(&self, pair: &SetOfCluster, reports: u64, prefilled: u32, ended: bool) {
+        self.with(|p| {
+            if let Some(e) = p.get_mut(pair).filter(|e| e.reports == reports) {
+                e.sent.prompt_tokens = e.sent.prompt_tokens.saturating_sub(u64::from(prefilled));
+                if ended {
+                    e.sent.requests = e.sent.requests.saturating_sub(1);
+                }
+            }
+        });
+    }
+
     /// What each pair of the `live` clusters was sent since the report planning sees now;
     /// entries of clusters that reported since, or are no longer live, are dropped.
     pub fn since_reports(&self, live: &[LiveCluster]) -> HashMap<SetOfCluster, Sent> {
@@ -71,9 +94,55 @@ impl SentSinceReport {
     }
 }
 
+/// Watches one dispatch counted in the ledger and takes it out as it progresses.
+pub struct SentObserver {
+    /// The ledger.
+    pub ledger: Arc<SentSinceReport>,
+    /// Where it was sent.
+    pub pair: SetOfCluster,
+    /// Its cluster's report count when it was counted.
+    pub reports: u64,
+    /// The prompt tokens it was counted with (zeroed once they leave the count).
+    pub prompt_tokens: u32,
+}
+
+impl Observer for SentObserver {
+    fn first_token(&mut self, _elapsed: Duration) {
+        self.ledger.progressed(&self.pair, self.reports, std::mem::take(&mut self.prompt_tokens), false);
+    }
+
+    fn end(&mut self, _outcome: Outcome) {
+        self.ledger.progressed(&self.pair, self.reports, std::mem::take(&mut self.prompt_tokens), true);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_seen_prefilled_or_ended_leaves_the_count_until_the_next_report() {
+        let ledger = Arc::new(SentSinceReport::default());
+        let pair = ("east".to_owned(), "set".to_owned());
+        let live = [LiveCluster::reported("east", 4)];
+        ledger.record(pair.clone(), 4, 100);
+        ledger.record(pair.clone(), 4, 50);
+        let mut first = SentObserver { ledger: ledger.clone(), pair: pair.clone(), reports: 4, prompt_tokens: 100 };
+        first.first_token(Duration::from_millis(3));
+        assert_eq!(ledger.since_reports(&live)[&pair], Sent { requests: 2, prompt_tokens: 50 }, "prefilled");
+        first.end(Outcome::Completed);
+        assert_eq!(ledger.since_reports(&live)[&pair], Sent { requests: 1, prompt_tokens: 50 }, "ended, once");
+        // A request that fails before its first token leaves with its prompt.
+        let mut second = SentObserver { ledger: ledger.clone(), pair: pair.clone(), reports: 4, prompt_tokens: 50 };
+        second.end(Outcome::Failed);
+        assert_eq!(ledger.since_reports(&live)[&pair], Sent::default());
+        // Counted against an older report: the newer count is not touched.
+        ledger.record(pair.clone(), 5, 70);
+        let mut old = SentObserver { ledger: ledger.clone(), pair: pair.clone(), reports: 4, prompt_tokens: 100 };
+        old.end(Outcome::Completed);
+        let live = [LiveCluster::reported("east", 5)];
+        assert_eq!(ledger.since_reports(&live)[&pair], Sent { requests: 1, prompt_tokens: 70 });
+    }
 
     #[test]
     fn sends_count_until_the_clusters_next_report() {

@@ -4,8 +4,10 @@
 //! A session: read the certificate files (so a rotated certificate is used from the next
 //! dial on) → dial → hello (this cluster's worker sets from the current topology) → the
 //! hub's welcome (report interval) → a load report every interval until the stream ends,
-//! the certificate files change, or the topology does (its hello would be stale: the spoke
-//! dials again and says hello anew).
+//! the certificate files change, or the topology changes what the hello says (the spoke
+//! dials again and says hello anew). The hub's configuration snapshots are handed to the
+//! configuration source ([`crate::source::Push`]), which applies them, and acknowledged with
+//! its verdict; one already served is acknowledged without being applied again.
 //!
 //! Invariants: the hub being away never affects the front door (this task only reads the
 //! registry and topology); the task is owned by [`crate::Spoke`] and ends on its shutdown;
@@ -21,13 +23,14 @@ use serde::Serialize;
 use switchyard_proto::tls::{TlsFiles, client_tls};
 use switchyard_proto::v1::federation_client::FederationClient;
 use switchyard_proto::v1::{
-    CoarseBlocks, CoarseReport, Hello, LoadReport, SpokeMessage, WorkerSetInfo, WorkerSetLoad, hub_message,
-    spoke_message,
+    CoarseBlocks, CoarseReport, ConfigAck, ConfigSnapshot, Hello, LoadReport, SpokeMessage, WorkerSetInfo,
+    WorkerSetLoad, hub_message, spoke_message,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::http::App;
+use crate::source::{HubConfig, Push};
 use crate::topology::Topology;
 
 /// First and longest pause between dials: a returning hub has its fleet view whole within
@@ -76,8 +79,14 @@ pub struct HubStatus {
     pub coarse_reports: u64,
     /// Encoded bytes of the coarse reports.
     pub coarse_bytes: u64,
+    /// Encoded bytes of every message sent to the hub (hellos, load and coarse reports).
+    pub bytes: u64,
     /// Why the last session or dial ended.
     pub last_error: Option<String>,
+    /// Version of the hub's configuration this spoke serves, once one was applied.
+    pub config_version: Option<String>,
+    /// Why the hub's last snapshot was refused, if it was.
+    pub config_error: Option<String>,
     /// Seconds since the Unix epoch when the current session began.
     pub connected_since: Option<u64>,
 }
@@ -102,7 +111,13 @@ enum SessionEnd {
 }
 
 /// Keeps the link up until `stop`.
-pub async fn run(app: Arc<App>, link: HubLink, status: Arc<Mutex<HubStatus>>, stop: CancellationToken) {
+pub async fn run(
+    app: Arc<App>,
+    link: HubLink,
+    status: Arc<Mutex<HubStatus>>,
+    pushes: mpsc::Sender<Push>,
+    stop: CancellationToken,
+) {
     set(&status, |s| {
         s.url = link.url.clone();
         s.cluster = link.cluster.clone();
@@ -111,7 +126,7 @@ pub async fn run(app: Arc<App>, link: HubLink, status: Arc<Mutex<HubStatus>>, st
     let mut backoff = BACKOFF.0;
     loop {
         let began = Instant::now();
-        let end = session(&app, &link, &status, &stop).await;
+        let end = session(&app, &link, &status, &pushes, &stop).await;
         let error = end.to_string();
         set(&status, |s| {
             s.state = "disconnected";
@@ -152,7 +167,13 @@ fn refused_or_stream(status: tonic::Status) -> SessionEnd {
     }
 }
 
-async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop: &CancellationToken) -> SessionEnd {
+async fn session(
+    app: &Arc<App>,
+    link: &HubLink,
+    status: &Mutex<HubStatus>,
+    pushes: &mpsc::Sender<Push>,
+    stop: &CancellationToken,
+) -> SessionEnd {
     let stamp = link.tls.stamp();
     let pem = match link.tls.read_pem() {
         Ok(p) => p,
@@ -179,10 +200,13 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
 
     let topo = app.topology.borrow().clone();
     let (tx, rx) = mpsc::channel(4);
-    let hello = hello(&topo, &link.cluster, link.front_door_url.as_deref().unwrap_or_default());
-    if tx.send(SpokeMessage { kind: Some(spoke_message::Kind::Hello(hello)) }).await.is_err() {
+    let front_door_url = link.front_door_url.as_deref().unwrap_or_default();
+    let said = hello(&topo, &link.cluster, front_door_url);
+    let hello_bytes = prost::Message::encoded_len(&said) as u64;
+    if tx.send(SpokeMessage { kind: Some(spoke_message::Kind::Hello(said.clone())) }).await.is_err() {
         return SessionEnd::Stream("request stream closed".into());
     }
+    set(status, |s| s.bytes += hello_bytes);
     let mut client = FederationClient::new(channel);
     let call = client.link(tokio_stream::wrappers::ReceiverStream::new(rx));
     let mut inbound = tokio::select! {
@@ -198,7 +222,7 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
         m = tokio::time::timeout(DIAL_TIMEOUT, inbound.message()) => match m {
             Ok(Ok(Some(msg))) => match msg.kind {
                 Some(hub_message::Kind::Welcome(w)) => w,
-                None => return SessionEnd::Stream("the hub's first message is not a welcome".into()),
+                _ => return SessionEnd::Stream("the hub's first message is not a welcome".into()),
             },
             Ok(Ok(None)) => return SessionEnd::Stream("closed before the welcome".into()),
             Ok(Err(status)) => return refused_or_stream(status),
@@ -218,7 +242,6 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
         s.connected_since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok().map(|d| d.as_secs());
     });
 
-    let generation = topo.generation;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
@@ -231,15 +254,19 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
                 if link.tls.stamp() != stamp {
                     return SessionEnd::Rotated;
                 }
-                if app.topology.borrow().generation != generation {
+                if hello(&app.topology.borrow(), &link.cluster, front_door_url) != said {
                     return SessionEnd::Reconfigured;
                 }
                 sequence += 1;
                 let report = load_report(app, &app.topology.borrow().clone(), &link.cluster, sequence);
+                let bytes = prost::Message::encoded_len(&report) as u64;
                 if tx.send(SpokeMessage { kind: Some(spoke_message::Kind::Load(report)) }).await.is_err() {
                     return SessionEnd::Stream("request stream closed".into());
                 }
-                set(status, |s| s.reports += 1);
+                set(status, |s| {
+                    s.reports += 1;
+                    s.bytes += bytes;
+                });
                 let now = app.topology.borrow().clone();
                 if let Some(coarse) = coarse_report(app, &now, &link.cluster, &mut reset) {
                     let bytes = prost::Message::encoded_len(&coarse) as u64;
@@ -249,18 +276,65 @@ async fn session(app: &Arc<App>, link: &HubLink, status: &Mutex<HubStatus>, stop
                     set(status, |s| {
                         s.coarse_reports += 1;
                         s.coarse_bytes += bytes;
+                        s.bytes += bytes;
                     });
                 }
             }
             m = inbound.message() => match m {
-                // Nothing else is defined from the hub yet; fields only ever get added.
-                Ok(Some(_)) => {}
+                Ok(Some(msg)) => {
+                    if let Some(hub_message::Kind::Config(snapshot)) = msg.kind {
+                        let Some(ack) = apply(snapshot, pushes, status, stop).await else {
+                            return SessionEnd::Shutdown;
+                        };
+                        let bytes = prost::Message::encoded_len(&ack) as u64;
+                        if tx.send(SpokeMessage { kind: Some(spoke_message::Kind::ConfigAck(ack)) }).await.is_err() {
+                            return SessionEnd::Stream("request stream closed".into());
+                        }
+                        set(status, |s| s.bytes += bytes);
+                    }
+                    // Other messages are a newer hub's; fields only ever get added.
+                }
                 Ok(None) => return SessionEnd::Stream("closed by the hub".into()),
                 Err(status) => return refused_or_stream(status),
             },
             () = stop.cancelled() => return SessionEnd::Shutdown,
         }
     }
+}
+
+/// Has the configuration source apply `snapshot` and answers with its verdict; `None` when
+/// the spoke is shutting down.
+async fn apply(
+    snapshot: ConfigSnapshot,
+    pushes: &mpsc::Sender<Push>,
+    status: &Mutex<HubStatus>,
+    stop: &CancellationToken,
+) -> Option<ConfigAck> {
+    let version = snapshot.version.clone();
+    let config = HubConfig {
+        version: snapshot.version,
+        documents: snapshot.documents.into_iter().map(|d| (d.label, d.text)).collect(),
+    };
+    let (done, verdict) = oneshot::channel();
+    let result = tokio::select! {
+        r = async {
+            pushes.send(Push { config, done }).await.map_err(|_| "the configuration source has stopped".to_owned())?;
+            verdict.await.map_err(|_| "the configuration source has stopped".to_owned())?
+        } => r,
+        () = stop.cancelled() => return None,
+    };
+    match &result {
+        Ok(()) => tracing::info!(version = %version, "serving the hub's configuration"),
+        Err(error) => tracing::warn!(version = %version, %error, "the hub's configuration was refused"),
+    }
+    set(status, |s| match &result {
+        Ok(()) => {
+            s.config_version = Some(version.clone());
+            s.config_error = None;
+        }
+        Err(e) => s.config_error = Some(e.clone()),
+    });
+    Some(ConfigAck { version, applied: result.is_ok(), error: result.err().unwrap_or_default() })
 }
 
 /// The host part of `https://host:port/...`.
@@ -403,7 +477,8 @@ pub fn coarse_report(app: &App, topo: &Topology, cluster: &str, reset: &mut BTre
 #[derive(clap::Args, Debug, Clone)]
 pub struct HubArgs {
     /// The hub's federation URL, e.g. `https://hub.example:8443`; without it the spoke runs
-    /// alone.
+    /// alone. With it, the hub's fleet-wide resources (policies, providers, pools, backends)
+    /// replace those of `--config` once the hub sends them; worker sets stay the files'.
     #[arg(long, requires_all = ["cluster", "tls_dir"])]
     pub hub: Option<String>,
     /// This spoke's cluster name (the one its certificate names).

@@ -165,13 +165,16 @@ impl Spoke {
         let secrets = SecretFiles { dir: cfg.secrets_dir.clone() };
         let providers = build_providers(&topo, &secrets, &client, cfg.limits.bounds).await;
         let (tx, rx) = watch::channel(topo);
-        let status = Arc::new(Mutex::new(SourceStatus { generation: 1, last_error: None }));
+        let status = Arc::new(Mutex::new(SourceStatus { generation: 1, ..SourceStatus::default() }));
+        // The hub link's snapshots go through the source task, the channel's only writer.
+        let (pushes, pushed) = tokio::sync::mpsc::channel(1);
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(source::watch_dir(
             cfg.config_paths.clone(),
             cfg.reload_interval,
             tx,
             status.clone(),
+            pushed,
             shutdown.clone(),
         )));
         let cpu = CpuPool::new(cfg.limits.cpu_threads);
@@ -229,7 +232,7 @@ impl Spoke {
         let (admin_listener, admin_addr) = bind(cfg.admin_listen).await?;
         if let (Some(mut link), Some(status)) = (cfg.hub.clone(), app.hub.clone()) {
             link.front_door_url.get_or_insert_with(|| format!("http://{addr}"));
-            tasks.push(tokio::spawn(hub_client::run(app.clone(), link, status, shutdown.clone())));
+            tasks.push(tokio::spawn(hub_client::run(app.clone(), link, status, pushes, shutdown.clone())));
         }
         let front = Arc::new(FrontDoor::new(SpokeBackend(app.clone()), cpu, cfg.limits.front.clone()));
         let expired = front.expired.clone();

@@ -13,28 +13,11 @@ use serde_json::{Map, Value};
 use switchyard_crds::TokenizerSource;
 use switchyard_gateway::admission::CpuPool;
 use switchyard_tokenizer::EngineTokenizer;
+use switchyard_tokenizer::request::{body_tokens, load_files};
 
 use crate::topology::TokenizerConfig;
 
-/// Which OpenAI API a request uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `/v1/chat/completions`.
-    Chat,
-    /// `/v1/completions`.
-    Completion,
-}
-
-/// Why tokens could not be computed.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizeError {
-    /// The request itself is malformed (client error).
-    #[error("{0}")]
-    BadRequest(String),
-    /// No tokenizer is available (configuration or engine problem).
-    #[error("tokenizer unavailable: {0}")]
-    Unavailable(String),
-}
+pub use switchyard_tokenizer::request::{Api, TokenizeError};
 
 /// The tokenizer of one worker set.
 #[derive(Clone, Debug)]
@@ -55,13 +38,7 @@ impl Tokenizer {
                     .path
                     .as_deref()
                     .ok_or_else(|| TokenizeError::Unavailable("tokenizer.path is not set".into()))?;
-                let mut t =
-                    EngineTokenizer::from_dir(Path::new(dir)).map_err(|e| TokenizeError::Unavailable(e.to_string()))?;
-                if let Some(template) = &cfg.chat_template {
-                    let text = std::fs::read_to_string(template)
-                        .map_err(|e| TokenizeError::Unavailable(format!("{template}: {e}")))?;
-                    t = t.with_chat_template(text).map_err(|e| TokenizeError::Unavailable(e.to_string()))?;
-                }
+                let t = load_files(Path::new(dir), cfg.chat_template.as_deref().map(Path::new))?;
                 Ok(Tokenizer::Local(Arc::new(t)))
             }
         }
@@ -82,9 +59,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Local(t) => {
                 let t = t.clone();
-                cpu.run(move || local_tokens(&t, api, &body))
-                    .await
-                    .map_err(|e| TokenizeError::Unavailable(e.message))?
+                cpu.run(move || body_tokens(&t, api, &body)).await.map_err(|e| TokenizeError::Unavailable(e.message))?
             }
             Tokenizer::Engine => {
                 let base =
@@ -123,36 +98,4 @@ async fn render(
     let obj = if v.is_array() { v.get(0).cloned().unwrap_or(Value::Null) } else { v };
     serde_json::from_value(obj.get("token_ids").cloned().unwrap_or(Value::Null))
         .map_err(|_| TokenizeError::Unavailable("render returned no token_ids".into()))
-}
-
-/// Tokens of `body` from local files (CPU work: call it on the CPU pool).
-pub fn local_tokens(t: &EngineTokenizer, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, TokenizeError> {
-    let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
-    match api {
-        Api::Chat => {
-            let messages = body
-                .get("messages")
-                .and_then(Value::as_array)
-                .ok_or_else(|| TokenizeError::BadRequest("`messages` must be a list".into()))?;
-            let kwargs = body.get("chat_template_kwargs").and_then(Value::as_object);
-            t.encode_chat(
-                messages,
-                flag("add_generation_prompt", true),
-                flag("continue_final_message", false),
-                body.get("tools"),
-                kwargs,
-                flag("add_special_tokens", false),
-            )
-            .map_err(|e| TokenizeError::BadRequest(e.to_string()))
-        }
-        Api::Completion => match body.get("prompt") {
-            Some(Value::String(text)) => t
-                .encode_prompt(text, flag("add_special_tokens", true))
-                .map_err(|e| TokenizeError::BadRequest(e.to_string())),
-            Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
-                Ok(items.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
-            }
-            _ => Err(TokenizeError::BadRequest("`prompt` must be a string or a list of token ids".into())),
-        },
-    }
 }

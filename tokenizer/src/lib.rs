@@ -17,6 +17,7 @@
 
 pub mod chunk;
 pub mod conversation;
+pub mod request;
 pub mod train;
 
 use std::fs;
