@@ -603,8 +603,7 @@ def test_batch_requests_go_to_idle_capacity_and_wait_when_there_is_none(certs, s
     assert "switchyard_hub_batch_queue_depth 0" in metrics
 
 
-def test_a_batch_request_that_can_never_be_placed_times_out_with_a_clear_error(certs, start_hub, start_sim, start_spoke):
-    never = """---
+BATCH_NOWHERE = """---
 apiVersion: switchyard.dev/v1alpha1
 kind: InferencePolicy
 metadata: {name: batch-nowhere}
@@ -617,9 +616,13 @@ spec:
   minimize: PredictedTTFT
   onEmpty: Queue
 """
+
+
+def test_a_batch_request_that_can_never_be_placed_times_out_with_a_clear_error(certs, start_hub, start_sim, start_spoke):
     sim = start_sim()
     config = cluster_config(sim, "east", "eu-west")
-    hub = start_hub(certs / "hub", config=hub_config([config]) + never, extra_args=("--batch-max-wait-seconds", "1"))
+    hub = start_hub(certs / "hub", config=hub_config([config]) + BATCH_NOWHERE,
+                    extra_args=("--batch-max-wait-seconds", "1"))
     start_spoke(config, *hub_flags(hub, certs, "east"))
     wait_for("east live", lambda: hub.live() == ["east"])
     t0 = time.monotonic()
@@ -631,6 +634,53 @@ spec:
     assert 0.9 <= took < 5, took
     assert 'switchyard_hub_batch_requests_total{outcome="timed_out"} 1' in hub.metrics()
 
+
+
+def test_a_batch_backlog_does_not_delay_interactive_requests(certs, start_hub, start_sim, start_spoke):
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", config=hub_config(configs.values()) + BATCH_NOWHERE,
+                    extra_args=("--batch-max-wait-seconds", "60"))
+    for c, cfg in configs.items():
+        start_spoke(cfg, *hub_flags(hub, certs, c))
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+    client = httpx.Client(timeout=30)
+
+    def ttft_ms(i):
+        t0 = time.monotonic()
+        with client.stream("POST", hub.api + "/v1/completions",
+                           json={"model": "standard-model", "prompt": f"interactive {i}", "max_tokens": 4,
+                                 "stream": True}) as r:
+            assert r.status_code == 200, r.read()
+            first = None
+            for line in r.iter_lines():
+                if first is None and line.startswith("data: {"):
+                    first = time.monotonic()
+        return (first - t0) * 1000
+
+    def median(xs):
+        return sorted(xs)[len(xs) // 2]
+
+    for i in range(5):  # warm the connections and the caches' first misses alike
+        ttft_ms(f"warm {i}")
+    quiet = [ttft_ms(f"quiet {i}") for i in range(30)]
+
+    # 48 batch requests wait in the hub's queue (their policy admits no cluster).
+    def waiting(i):
+        try:
+            batch(hub, i)
+        except httpx.HTTPError:
+            pass  # the hub stops at the end of the test with them still waiting
+    backlog = [threading.Thread(target=waiting, args=(i,), daemon=True) for i in range(48)]
+    for t in backlog:
+        t.start()
+    wait_for("48 batch requests queued", lambda: "switchyard_hub_batch_queue_depth 48" in hub.metrics(), timeout=10)
+    busy = [ttft_ms(f"busy {i}") for i in range(30)]
+    assert "switchyard_hub_batch_queue_depth 48" in hub.metrics(), "the backlog was not there throughout"
+    print(f"interactive TTFT at the hub, median: {median(quiet):.1f} ms quiet, {median(busy):.1f} ms "
+          f"with 48 batch requests queued")
+    # Interactive requests never enter the queue and never wait for it: same TTFT within noise.
+    assert median(busy) <= 1.5 * median(quiet) + 10, (sorted(quiet), sorted(busy))
 
 
 def test_killing_a_spoke_under_load_fails_no_new_request_at_the_hub(certs, start_hub, start_sim, start_spoke):
