@@ -293,6 +293,56 @@ def test_spokes_serve_without_their_hub_and_reconnect_when_it_returns(certs, sta
         assert spoke.status()["hub"]["sessions"] == 2
 
 
+def usage_metric(hub, cluster, origin, what="records", kind="completed"):
+    label = "outcome" if what == "records" else "kind"
+    m = re.search(rf'switchyard_hub_usage_{what}_total\{{cluster="{cluster}",origin="{origin}",{label}="{kind}"\}} (\S+)',
+                  hub.metrics())
+    return float(m.group(1)) if m else 0.0
+
+
+def test_usage_records_reach_the_hub_once_each_also_across_a_hub_restart(certs, start_hub, start_sim, start_spoke):
+    port = free_port()
+    sims = {"east": start_sim(), "west": start_sim()}
+    configs = {"east": cluster_config(sims["east"], "east", "eu-west"), "west": cluster_config(sims["west"], "west", "us-east")}
+    hub = start_hub(certs / "hub", port=port, config=hub_config(configs.values()))
+    spokes = {c: start_spoke(cfg, *hub_flags(hub, certs, c)) for c, cfg in configs.items()}
+    wait_for("both live", lambda: sorted(hub.live()) == ["east", "west"])
+    west = openai.OpenAI(base_url=spokes["west"].url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    via_hub = openai.OpenAI(base_url=hub.api + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+    def ask(client, i):
+        r = client.chat.completions.create(model="sim-model", max_tokens=3 + i % 4,
+                                           messages=[{"role": "user", "content": f"usage {i} " * (i + 1)}])
+        return r.usage.prompt_tokens, r.usage.completion_tokens
+
+    direct = [ask(west, i) for i in range(6)]
+    forwarded = [ask(via_hub, i) for i in range(4)]
+    wait_for("the hub has every record", lambda: usage_metric(hub, "west", "spoke") == 6
+             and usage_metric(hub, "west", "hub") + usage_metric(hub, "east", "hub") == 4)
+    # Token totals are what the clients were told.
+    assert usage_metric(hub, "west", "spoke", "tokens", "prompt") == sum(p for p, _ in direct)
+    assert usage_metric(hub, "west", "spoke", "tokens", "completion") == sum(c for _, c in direct)
+    hub_prompt = sum(usage_metric(hub, c, "hub", "tokens", "prompt") for c in ("east", "west"))
+    assert hub_prompt == sum(p for p, _ in forwarded)
+    wait_for("west's outbox is empty", lambda: spokes["west"].status()["hub"]["usage"]["pending"] == 0)
+    west_forwarded = usage_metric(hub, "west", "hub")
+
+    # The hub dies; west's own clients go on. Their records wait at west and reach the new hub,
+    # the ones the old hub acknowledged do not come again.
+    hub.proc.send_signal(signal.SIGKILL)
+    hub.proc.wait()
+    wait_for("west notices", lambda: spokes["west"].status()["hub"]["state"] != "connected", timeout=30)
+    while_down = [ask(west, i) for i in range(5)]
+    assert spokes["west"].status()["hub"]["usage"]["pending"] == 5
+    hub = start_hub(certs / "hub", port=port, config=hub_config(configs.values()))
+    wait_for("the new hub has the 5", lambda: usage_metric(hub, "west", "spoke") == 5)
+    time.sleep(1.0)  # a few more reports: nothing else arrives
+    assert usage_metric(hub, "west", "spoke") == 5
+    assert usage_metric(hub, "west", "spoke", "tokens", "completion") == sum(c for _, c in while_down)
+    usage = spokes["west"].status()["hub"]["usage"]
+    assert usage["pending"] == 0 and usage["recorded"] == usage["acknowledged"] == 6 + west_forwarded + 5, usage
+
+
 PII_RESIDENCY = """---
 apiVersion: switchyard.dev/v1alpha1
 kind: InferencePolicy

@@ -213,6 +213,9 @@ pub struct InferenceRequest {
     /// chose, and the spoke then picks the worker within it). It only narrows the choice:
     /// the spoke's policies still apply to the pinned set.
     pub worker_set: Option<String>,
+    /// The hub's id for this request when a hub forwarded it (`x-switchyard-hub-request`),
+    /// carried into the spoke's usage records.
+    pub hub_request_id: Option<String>,
     /// OpenAI fields the typed form does not model, forwarded unchanged.
     pub passthrough: Map<String, Value>,
 }
@@ -234,6 +237,7 @@ impl InferenceRequest {
             class: RequestClass::Interactive,
             tags: BTreeSet::new(),
             worker_set: None,
+            hub_request_id: None,
             passthrough: Map::new(),
         }
     }

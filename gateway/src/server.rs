@@ -313,7 +313,15 @@ fn apply_routing_headers(req: &mut InferenceRequest, headers: &HeaderMap) {
     if let Some(set) = get(WORKER_SET_HEADER) {
         req.worker_set = Some(set.to_owned());
     }
+    if let Some(id) = get(HUB_REQUEST_HEADER).filter(|id| id.len() <= MAX_HUB_REQUEST_ID) {
+        req.hub_request_id = Some(id.to_owned());
+    }
 }
+
+/// The hub's request id on a request it forwards to a spoke.
+pub const HUB_REQUEST_HEADER: &str = "x-switchyard-hub-request";
+/// Longest hub request id taken from the header (ids are 32 hex digits).
+const MAX_HUB_REQUEST_ID: usize = 128;
 
 /// The header that pins a request to one worker set (what the hub sends a spoke).
 pub const WORKER_SET_HEADER: &str = "x-switchyard-worker-set";
@@ -408,4 +416,37 @@ pub async fn serve(
     connections.abort_all();
     while connections.join_next().await.is_some() {}
     tracing::info!(drained_in_ms = started.elapsed().as_millis() as u64, "server stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{Dialect, Prompt, TextPrompt};
+
+    fn routed(headers: &[(&str, &str)]) -> InferenceRequest {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).expect("name"), v.parse().expect("value"));
+        }
+        let mut req = InferenceRequest::new(Dialect::OpenAi, "m", Prompt::Text(TextPrompt::Tokens(Vec::new())));
+        apply_routing_headers(&mut req, &map);
+        req
+    }
+
+    #[test]
+    fn routing_headers_set_class_tags_worker_set_and_the_hubs_request_id_within_bounds() {
+        let req = routed(&[
+            (TAGS_HEADER, "pii, eu ,"),
+            (CLASS_HEADER, "batch"),
+            (WORKER_SET_HEADER, "east-set"),
+            (HUB_REQUEST_HEADER, "0123abcd"),
+        ]);
+        assert_eq!(req.tags.iter().map(String::as_str).collect::<Vec<_>>(), ["eu", "pii"]);
+        assert_eq!(req.class, switchyard_core::request::RequestClass::Batch);
+        assert_eq!(req.worker_set.as_deref(), Some("east-set"));
+        assert_eq!(req.hub_request_id.as_deref(), Some("0123abcd"));
+        let long = "x".repeat(MAX_HUB_REQUEST_ID + 1);
+        assert_eq!(routed(&[(HUB_REQUEST_HEADER, &long)]).hub_request_id, None, "an oversized id is ignored");
+        assert_eq!(routed(&[]).hub_request_id, None);
+    }
 }

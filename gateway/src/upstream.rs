@@ -122,7 +122,8 @@ pub struct OpenAiUpstream {
     /// A bearer API key (an external OpenAI-compatible provider; vLLM workers have none).
     pub api_key: Option<Arc<str>>,
     /// Set when this is a spoke's front door (the hub's upstream): the worker set the hub
-    /// chose, sent as `x-switchyard-worker-set` together with the request's class and tags,
+    /// chose, sent as `x-switchyard-worker-set` together with the request's class, tags and
+    /// id (`x-switchyard-hub-request`),
     /// so the spoke's own policies see what the hub's saw. Never set for an engine or an
     /// external provider, which must not receive routing metadata.
     pub spoke_worker_set: Option<Arc<str>>,
@@ -146,6 +147,7 @@ impl Upstream for OpenAiUpstream {
             }
             if let Some(set) = &self.spoke_worker_set {
                 post = post.header(crate::server::WORKER_SET_HEADER, &**set);
+                post = post.header(crate::server::HUB_REQUEST_HEADER, &req.id);
                 if !req.tags.is_empty() {
                     post = post.header(
                         crate::server::TAGS_HEADER,

@@ -33,6 +33,8 @@ pub struct AdminState {
     pub spill: Arc<switchyard_providers::spill::Spillover>,
     /// The cross-cluster prefix index.
     pub prefix: Arc<crate::prefix::PrefixIndex>,
+    /// Usage records applied from the spokes.
+    pub usage: Arc<crate::usage::UsageTally>,
 }
 
 /// The admin routes.
@@ -55,6 +57,7 @@ async fn status(State(s): State<AdminState>) -> Response {
         "providers": s.providers.status(),
         "spillover": s.spill.status(),
         "clusters": s.fleet.status(now),
+        "usage": s.usage.status(),
         "prefixIndex": s.prefix.held().into_iter()
             .map(|((cluster, set), blocks)| json!({"cluster": cluster, "workerSet": set, "coarseBlocks": blocks}))
             .collect::<Vec<_>>(),

@@ -4,7 +4,8 @@
 //! a hello naming that same cluster (else `PERMISSION_DENIED`, or `INVALID_ARGUMENT` for a
 //! malformed one) → a welcome and the hub's configuration snapshot (its fleet-wide
 //! resources, [`switchyard_config::federated`]) → load reports (and coarse cache reports, into
-//! the [`PrefixIndex`], and the spoke's answer to the snapshot) until either side ends. Its task belongs to the
+//! the [`PrefixIndex`], the spoke's answer to the snapshot, and usage records into the
+//! [`UsageTally`], each acknowledged) until either side ends. Its task belongs to the
 //! hub's task tracker and ends on shutdown, on the spoke closing, or when a newer stream of
 //! the same cluster supersedes it; the fleet view's session ends with it.
 
@@ -15,7 +16,9 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use switchyard_proto::tls::{cluster_of, is_dns_label};
 use switchyard_proto::v1::federation_server::Federation;
-use switchyard_proto::v1::{ConfigSnapshot, Hello, HubMessage, SpokeMessage, Welcome, hub_message, spoke_message};
+use switchyard_proto::v1::{
+    ConfigSnapshot, Hello, HubMessage, SpokeMessage, UsageAck, Welcome, hub_message, spoke_message,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::fleet::{FleetView, Report};
 use crate::metric_names as m;
 use crate::prefix::PrefixIndex;
+use crate::usage::UsageTally;
 use switchyard_gateway::metrics::Metrics;
 
 /// Longest the hub waits for a hello after the handshake.
@@ -40,6 +44,8 @@ pub struct FederationService {
     pub fleet: Arc<FleetView>,
     /// The prefix index the coarse reports feed.
     pub prefix: Arc<PrefixIndex>,
+    /// Usage records applied from the spokes.
+    pub usage: Arc<UsageTally>,
     /// The fleet-wide configuration every spoke is sent (none without a configuration).
     pub config: Option<Arc<ConfigSnapshot>>,
     /// Metrics.
@@ -130,6 +136,7 @@ impl Federation for FederationService {
 
         let (fleet, metrics, stop) = (self.fleet.clone(), self.metrics.clone(), self.stop.clone());
         let prefix = self.prefix.clone();
+        let usage = self.usage.clone();
         self.tasks.spawn(async move {
             let ended = loop {
                 let msg = tokio::select! {
@@ -153,6 +160,16 @@ impl Federation for FederationService {
                         prefix.apply(&cluster, &report).await;
                         metrics.inc(m::COARSE_REPORTS_TOTAL, &[("cluster", &cluster)], 1.0);
                         metrics.inc(m::COARSE_BYTES_TOTAL, &[("cluster", &cluster)], bytes);
+                    }
+                    Ok(Some(SpokeMessage { kind: Some(spoke_message::Kind::Usage(report)) })) => {
+                        if !fleet.is_current(&cluster, session) {
+                            break "superseded by a newer stream";
+                        }
+                        let through = usage.apply(&cluster, &report, &metrics, Instant::now());
+                        let ack = UsageAck { instance: report.instance, through_sequence: through };
+                        if tx.send(Ok(HubMessage { kind: Some(hub_message::Kind::UsageAck(ack)) })).await.is_err() {
+                            break "response stream dropped";
+                        }
                     }
                     Ok(Some(SpokeMessage { kind: Some(spoke_message::Kind::ConfigAck(ack)) })) => {
                         let outcome = if ack.applied { "applied" } else { "refused" };

@@ -22,6 +22,7 @@ pub mod prefix;
 pub mod prompt;
 pub mod route;
 pub mod sent;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -197,6 +198,7 @@ impl Hub {
         let metrics = Arc::new(Metrics::new(metric_names::CATALOGUE));
         let fleet = Arc::new(FleetView::new(cfg.lost_after));
         let prefix = Arc::new(prefix::PrefixIndex::new());
+        let usage = Arc::new(usage::UsageTally::new());
 
         tasks.spawn(tls.clone().watch(cfg.cert_reload_interval, stop.clone()));
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -208,6 +210,7 @@ impl Hub {
             fleet: fleet.clone(),
             prefix: prefix.clone(),
             config: pushed,
+            usage: usage.clone(),
             metrics: metrics.clone(),
             tasks: tasks.clone(),
             stop: stop.clone(),
@@ -280,6 +283,7 @@ impl Hub {
             providers,
             spill,
             prefix,
+            usage,
         });
         let admin_stop = stop.clone();
         servers.push(tokio::spawn(async move {

@@ -40,6 +40,15 @@ pub const ROUTE_SECONDS: &str = "switchyard_hub_route_seconds";
 pub const UPSTREAM_TTFT_SECONDS: &str = "switchyard_hub_upstream_ttft_seconds";
 /// Spokes' answers to the hub's configuration, by cluster and outcome (`applied`, `refused`).
 pub const CONFIG_ACKS_TOTAL: &str = "switchyard_hub_config_acks_total";
+/// Usage records applied from the spokes, by cluster, origin (`hub`: forwarded by the hub;
+/// `spoke`: the spoke's own clients) and outcome.
+pub const USAGE_RECORDS_TOTAL: &str = "switchyard_hub_usage_records_total";
+/// Tokens of the usage records applied, by cluster, origin and kind (`prompt`, `cached`,
+/// `completion`).
+pub const USAGE_TOKENS_TOTAL: &str = "switchyard_hub_usage_tokens_total";
+/// Usage records received again after they were applied (a spoke resending after a broken
+/// stream), by cluster.
+pub const USAGE_DUPLICATES_TOTAL: &str = "switchyard_hub_usage_duplicates_total";
 
 /// Every metric the hub exports.
 pub const CATALOGUE: &[Spec] = {
@@ -53,6 +62,19 @@ pub const CATALOGUE: &[Spec] = {
         spec(
             CONFIG_ACKS_TOTAL,
             "Spokes' answers to the hub's configuration, by cluster and outcome",
+            Counter,
+            Recorded,
+        ),
+        spec(
+            USAGE_RECORDS_TOTAL,
+            "Usage records applied from the spokes, by cluster, origin and outcome",
+            Counter,
+            Recorded,
+        ),
+        spec(USAGE_TOKENS_TOTAL, "Tokens of the applied usage records, by cluster, origin and kind", Counter, Recorded),
+        spec(
+            USAGE_DUPLICATES_TOTAL,
+            "Usage records received again after they were applied, by cluster",
             Counter,
             Recorded,
         ),

@@ -43,6 +43,7 @@ use switchyard_gateway::observe::{Booking, Dispatch, Observer, Outcome, Release}
 use switchyard_gateway::server::ServeConfig;
 use switchyard_gateway::upstream::{OpenAiUpstream, ResponseBounds, Upstream};
 use switchyard_gateway::{Backend, ErrorKind, GatewayError, InferenceRequest, Routed, Target, Usage, openai, plan};
+use switchyard_proto::v1::UsageRecord;
 use switchyard_providers::Providers;
 use switchyard_providers::spill::{Spillover, spill_targets};
 use tokio::sync::watch;
@@ -138,6 +139,8 @@ pub struct App {
     pub spill: Arc<Spillover>,
     /// The hub link's state, when the spoke has a hub.
     pub hub: Option<Arc<Mutex<crate::hub_client::HubStatus>>>,
+    /// Usage records for the hub (only with a hub).
+    pub usage: Option<Arc<crate::usage::UsageOutbox>>,
 }
 
 impl App {
@@ -437,6 +440,17 @@ impl SpokeBackend {
                 max_tokens: req.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT_TOKENS),
                 indexed_cached: indexed_cached.get(&key).copied().unwrap_or(0),
                 first_booking: Mutex::new(first_booking),
+                usage: app.usage.as_ref().map(|outbox| {
+                    let record = UsageRecord {
+                        request_id: req.id.clone(),
+                        hub_request_id: req.hub_request_id.clone().unwrap_or_default(),
+                        model: req.model.clone(),
+                        worker_set: key.worker_set.to_string(),
+                        worker: key.worker.to_string(),
+                        ..UsageRecord::default()
+                    };
+                    (outbox.clone(), record)
+                }),
             }));
         }
         let labels: Vec<String> = targets.iter().map(|t| t.label().to_owned()).collect();
@@ -591,6 +605,8 @@ struct WorkerTarget {
     /// Output tokens the replica assumes until the engine reports them.
     max_tokens: u32,
     first_booking: Mutex<Option<Booking>>,
+    /// The request's ids and model, for its usage record (with a hub).
+    usage: Option<(Arc<crate::usage::UsageOutbox>, UsageRecord)>,
 }
 
 impl Target for WorkerTarget {
@@ -646,6 +662,14 @@ impl Target for WorkerTarget {
             ]
             .into_iter()
             .chain(replica)
+            .chain(self.usage.as_ref().map(|(outbox, record)| {
+                Box::new(crate::usage::UsageObserver {
+                    outbox: outbox.clone(),
+                    record: record.clone(),
+                    started: std::time::Instant::now(),
+                    ttft: None,
+                }) as Box<dyn Observer>
+            }))
             .collect(),
         }
     }
@@ -966,7 +990,13 @@ async fn status(State(app): State<Shared>) -> Response {
         "workers": workers,
         "providers": app.providers().status(),
         "spillover": spillover,
-        "hub": app.hub.as_ref().and_then(|h| h.lock().ok().map(|h| json!(*h))),
+        "hub": app.hub.as_ref().and_then(|h| h.lock().ok().map(|h| {
+            let mut v = json!(*h);
+            if let (Some(map), Some(usage)) = (v.as_object_mut(), &app.usage) {
+                map.insert("usage".into(), json!(usage.status()));
+            }
+            v
+        })),
     }))
     .into_response()
 }

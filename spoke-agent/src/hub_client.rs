@@ -7,7 +7,8 @@
 //! the certificate files change, or the topology changes what the hello says (the spoke
 //! dials again and says hello anew). The hub's configuration snapshots are handed to the
 //! configuration source ([`crate::source::Push`]), which applies them, and acknowledged with
-//! its verdict; one already served is acknowledged without being applied again.
+//! its verdict; one already served is acknowledged without being applied again. Usage
+//! records ([`crate::usage`]) follow each load report until the hub acknowledges them.
 //!
 //! Invariants: the hub being away never affects the front door (this task only reads the
 //! registry and topology); the task is owned by [`crate::Spoke`] and ends on its shutdown;
@@ -23,7 +24,7 @@ use serde::Serialize;
 use switchyard_proto::tls::{TlsFiles, client_tls};
 use switchyard_proto::v1::federation_client::FederationClient;
 use switchyard_proto::v1::{
-    CoarseBlocks, CoarseReport, ConfigAck, ConfigSnapshot, Hello, LoadReport, SpokeMessage, WorkerSetInfo,
+    CoarseBlocks, CoarseReport, ConfigAck, ConfigSnapshot, Hello, LoadReport, SpokeMessage, UsageReport, WorkerSetInfo,
     WorkerSetLoad, hub_message, spoke_message,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -248,6 +249,9 @@ async fn session(
     // Worker sets whose coarse copy this stream has not started yet.
     let mut reset: BTreeSet<String> = BTreeSet::new();
     reset.extend(topo.fleet.worker_sets.values().filter(|ws| ws.cluster == link.cluster).map(|ws| ws.name.to_string()));
+    // Usage records this stream has sent: a new stream starts from the oldest the hub has
+    // not acknowledged.
+    let mut usage_sent_through = 0u64;
     loop {
         tokio::select! {
             _ = ticker.tick() => {
@@ -279,9 +283,26 @@ async fn session(
                         s.bytes += bytes;
                     });
                 }
+                if let Some(outbox) = &app.usage {
+                    let records = outbox.after(usage_sent_through, crate::usage::MAX_PER_REPORT);
+                    if let Some(last) = records.last() {
+                        usage_sent_through = last.sequence;
+                        let report = UsageReport { instance: outbox.instance(), records };
+                        let bytes = prost::Message::encoded_len(&report) as u64;
+                        if tx.send(SpokeMessage { kind: Some(spoke_message::Kind::Usage(report)) }).await.is_err() {
+                            return SessionEnd::Stream("request stream closed".into());
+                        }
+                        set(status, |s| s.bytes += bytes);
+                    }
+                }
             }
             m = inbound.message() => match m {
                 Ok(Some(msg)) => {
+                    if let (Some(hub_message::Kind::UsageAck(ack)), Some(outbox)) = (&msg.kind, &app.usage)
+                        && ack.instance == outbox.instance()
+                    {
+                        outbox.acknowledge(ack.through_sequence);
+                    }
                     if let Some(hub_message::Kind::Config(snapshot)) = msg.kind {
                         let Some(ack) = apply(snapshot, pushes, status, stop).await else {
                             return SessionEnd::Shutdown;

@@ -27,6 +27,7 @@ pub mod source;
 pub mod telemetry;
 pub mod tokenize;
 pub mod topology;
+pub mod usage;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -199,6 +200,7 @@ impl Spoke {
                 },
             )),
             hub: cfg.hub.as_ref().map(|_| Arc::new(Mutex::new(hub_client::HubStatus::default()))),
+            usage: cfg.hub.as_ref().map(|_| Arc::new(usage::UsageOutbox::fresh())),
         });
 
         // Reconcile on every published snapshot; rebuild the providers' clients when their
