@@ -9,8 +9,9 @@
 //! with the set named in `x-switchyard-worker-set` and the request's class and tags, so the
 //! spoke's own policies apply too.
 //!
-//! The prompt is tokenized with each candidate set's tokenizer ([`crate::prompt`]) and looked
-//! up in the cross-cluster prefix index ([`cached_tokens`]): the cached tokens per pair go
+//! The prompt is tokenized with each candidate set's tokenizer ([`crate::prompt`]), only as
+//! far as the index could match it, and looked up in the cross-cluster prefix index
+//! ([`cached_tokens`]): the cached tokens per pair go
 //! into the policy engine's TTFT prediction, so a cluster that holds the prompt's prefix
 //! wins over a shorter queue when the prefill it saves is worth more.
 //!
@@ -52,7 +53,7 @@ use crate::batch::{BatchQueue, SetOfCluster};
 use crate::fleet::{FleetView, LiveCluster};
 use crate::metric_names as m;
 use crate::prefix::PrefixIndex;
-use crate::prompt::{PromptTokenizers, SetTokens};
+use crate::prompt::{PromptTokenizers, SetPrompts, SetTokens};
 use crate::sent::{Sent, SentObserver, SentSinceReport};
 use switchyard_gateway::metrics::Metrics;
 
@@ -279,20 +280,17 @@ fn estimated_tokens(req: &InferenceRequest) -> u32 {
     (chars / CHARS_PER_TOKEN) as u32
 }
 
-/// What planning knows of a request's prompt: its tokens per worker set the hub can
-/// tokenize for, and its length (exact when tokenized, else estimated).
+/// What planning knows of a request's prompt: its leading tokens per worker set the hub can
+/// tokenize for, and its length (from the tokenizer when there is one, else estimated).
 struct Prompt {
     tokens: SetTokens,
     length: u32,
 }
 
 impl Prompt {
-    fn new(req: &InferenceRequest, tokens: SetTokens) -> Prompt {
-        let length = match tokens.values().map(|t| t.len()).max() {
-            Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
-            None => estimated_tokens(req),
-        };
-        Prompt { tokens, length }
+    fn new(req: &InferenceRequest, prompts: SetPrompts) -> Prompt {
+        let length = prompts.length.unwrap_or_else(|| estimated_tokens(req));
+        Prompt { tokens: prompts.tokens, length }
     }
 }
 
@@ -460,8 +458,9 @@ impl Backend for HubBackend {
         let started = Instant::now();
         let sets =
             resolve::worker_sets(&self.fleet, &req.model).map_err(|e| GatewayError::model_not_found(e.to_string()))?;
-        let prompt = Prompt::new(&req, self.tokenizers.tokens(&req, &sets, &self.cpu).await?);
         let live = self.view.live(Instant::now());
+        let probe = (self.choice == ClusterChoice::CacheAware).then_some(&self.prefix);
+        let prompt = Prompt::new(&req, self.tokenizers.tokens(&req, &sets, &live, probe, &self.cpu).await?);
         match self.plan_once(&req, &prompt, &live, &BTreeSet::new())? {
             Planned::Routed(routed, _) => {
                 self.metrics.observe(m::ROUTE_SECONDS, &[], started.elapsed().as_secs_f64());

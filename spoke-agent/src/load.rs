@@ -13,6 +13,12 @@ use tokio_util::sync::CancellationToken;
 
 /// How often `/metrics` is scraped.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(200);
+/// How long one scrape may take before it counts as failed. Much longer than the interval: a
+/// busy engine's API server answers `/metrics` late (seen on real vLLM: seconds, while it
+/// streams), and a late answer is still the engine's load, whereas failing it would mark a
+/// worker unhealthy exactly when it is busiest. Scrapes never overlap (the next tick waits),
+/// and an engine that refuses connections still fails at once.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Consecutive failed scrapes before a worker is marked unhealthy.
 const FAILURES_BEFORE_UNHEALTHY: u32 = 2;
 
@@ -221,7 +227,7 @@ pub async fn run_scraper(
             () = shutdown.cancelled() => return,
         }
         let result = async {
-            let r = client.get(&url).timeout(SCRAPE_INTERVAL * 4).send().await.ok()?;
+            let r = client.get(&url).timeout(SCRAPE_TIMEOUT).send().await.ok()?;
             if !r.status().is_success() {
                 return None;
             }

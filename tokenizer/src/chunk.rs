@@ -257,22 +257,34 @@ impl Scheme {
     /// Chunk end offsets of `text` (the last is `text.len()`); `steps` counts the candidate
     /// positions examined (at most one per byte).
     pub(crate) fn cuts(&self, text: &str, steps: &mut u64) -> Vec<usize> {
+        self.cuts_with(text, self.min_chunk, self.max_chunk, self.cdc_shift, steps)
+    }
+
+    /// Piece end offsets of `text` (itself a chunk, or any text starting at a valid cut), cut
+    /// at the first valid cut at least `len` bytes after the previous one: pieces that small
+    /// let a caller stop encoding close to where it needs to (see
+    /// `EngineTokenizer::encode_prompt_leading`). Not content-defined, so not for the cache.
+    pub(crate) fn fine_cuts(&self, text: &str, len: usize, steps: &mut u64) -> Vec<usize> {
+        self.cuts_with(text, len.max(1), len.max(1), 0, steps)
+    }
+
+    fn cuts_with(&self, text: &str, min_chunk: usize, max_chunk: usize, cdc_shift: u32, steps: &mut u64) -> Vec<usize> {
         let b = text.as_bytes();
         let mut ends = Vec::with_capacity(b.len() / 512 + 1);
         let mut start = 0;
-        let mut p = self.min_chunk;
+        let mut p = min_chunk;
         while p < b.len() {
             let class = self.class[usize::from(b[p])];
             if class != 0 {
                 *steps += 1;
                 // Candidate bytes are ASCII or UTF-8 lead bytes, so `p` is a char boundary.
-                if (p - start >= self.max_chunk || content_says_cut(b, p, self.cdc_shift))
+                if (p - start >= max_chunk || content_says_cut(b, p, cdc_shift))
                     && ((class & PAIR_BYTE != 0 && self.pair_cut(text, p))
                         || (class & TOKEN_BYTE != 0 && self.token_cut(b, p)))
                 {
                     ends.push(p);
                     start = p;
-                    p = start + self.min_chunk;
+                    p = start + min_chunk;
                     continue;
                 }
             }

@@ -63,6 +63,42 @@ pub const SEGMENT_MIN_BYTES: usize = 1024;
 /// Chunked encodes compared with a full encode (a safety net: any mismatch turns chunking
 /// off for good, and the full encode is returned).
 pub const SEGMENT_VERIFY: usize = 32;
+/// Missing chunks are encoded in pieces of about this many bytes when the caller wants only
+/// leading tokens ([`EngineTokenizer::encode_prompt_leading`]): about 32 tokens of prose.
+const FINE_PIECE_BYTES: usize = 128;
+
+/// Asked with the ids encoded so far whether more are wanted
+/// ([`EngineTokenizer::encode_prompt_leading`]).
+pub type WantsMore<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
+
+/// A prompt's first tokens, as far as the caller wanted them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeadingTokens {
+    /// Exactly the first `ids.len()` ids of the prompt's full encode.
+    pub ids: Vec<u32>,
+    /// Bytes of the prompt text these ids encode (all of it when the encode went to the end).
+    pub text_bytes: usize,
+    /// Bytes of the prompt text.
+    pub total_bytes: usize,
+}
+
+impl LeadingTokens {
+    /// Whether these are all of the prompt's tokens.
+    pub fn complete(&self) -> bool {
+        self.text_bytes >= self.total_bytes
+    }
+
+    /// The prompt's token count: exact when complete; else the encoded part's count plus the
+    /// rest of the text at the encoded part's bytes per token (4 when nothing was encoded).
+    pub fn estimated_len(&self) -> usize {
+        let rest = self.total_bytes.saturating_sub(self.text_bytes);
+        if rest == 0 {
+            return self.ids.len();
+        }
+        let per_token = if self.ids.is_empty() { 4.0 } else { self.text_bytes as f64 / self.ids.len() as f64 };
+        self.ids.len() + (rest as f64 / per_token.max(1.0)).round() as usize
+    }
+}
 
 /// Counters of the incremental (chunked) tokenization, for tests and monitoring.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -84,6 +120,8 @@ pub struct CacheStats {
     pub encoded_bytes: u64,
     /// Candidate cut positions examined (at most one per prompt byte).
     pub scan_steps: u64,
+    /// Leading-token encodes that stopped before the end of their prompt.
+    pub stopped_early: u64,
     /// Chunked encodes compared with a full encode.
     pub verified: u64,
     /// Entries in the cache.
@@ -295,23 +333,43 @@ impl EngineTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        match self.encode_pieces(scheme, text, None)? {
+            Some((ids, _)) => self.post_process(scheme, ids, add_special_tokens),
+            None => self.encode_full(text, add_special_tokens),
+        }
+    }
+
+    /// The chunk-by-chunk encode of `text` without special tokens: its ids and the bytes they
+    /// cover, or `None` when `text` must be encoded whole (a stretch without a valid cut).
+    ///
+    /// With `more`, only as much as the caller wants is encoded: cached chunks are always
+    /// taken (they cost a copy), and before any text is encoded `more` is asked, with the ids
+    /// so far, whether more are wanted. Missing chunks are then encoded in small pieces cut
+    /// at valid cuts too, so the stop falls close to where the caller's need ended. The ids
+    /// are exactly the leading ids of the full encode of `text`, whatever `more` says.
+    fn encode_pieces(
+        &self,
+        scheme: &chunk::Scheme,
+        text: &str,
+        mut more: Option<WantsMore<'_>>,
+    ) -> Result<Option<(Vec<u32>, usize)>, TokenizerError> {
         let mut scan_steps = 0;
         let ends = scheme.cuts(text, &mut scan_steps);
-        let pieces: Vec<&str> =
-            std::iter::once(0).chain(ends.iter().copied()).zip(&ends).map(|(a, &b)| &text[a..b]).collect();
+        let starts: Vec<usize> = std::iter::once(0).chain(ends.iter().copied()).collect();
+        let pieces: Vec<&str> = starts.iter().zip(&ends).map(|(&a, &b)| &text[a..b]).collect();
         if pieces.iter().any(|p| p.len() > chunk::MAX_SAFE_CHUNK) {
             let mut c = self.lock_chunks();
             c.stats.whole += 1;
             c.stats.scan_steps += scan_steps;
-            drop(c);
-            return self.encode_full(text, add_special_tokens);
+            return Ok(None);
         }
         let mut out = Vec::with_capacity(text.len() / 3);
         let (mut hits, mut misses, mut encoded_bytes) = (0u64, 0u64, 0u64);
         let keys: Vec<u64> = pieces.iter().map(|p| chunk::chunk_hash(p.as_bytes())).collect();
         let mut run: Vec<Arc<[u32]>> = Vec::new();
+        let mut covered = text.len();
         let mut i = 0;
-        while i < pieces.len() {
+        'pieces: while i < pieces.len() {
             // Consecutive hits under one lock; their ids are copied out after it.
             {
                 let mut c = self.lock_chunks();
@@ -328,30 +386,92 @@ impl EngineTokenizer {
                 out.extend_from_slice(&ids);
             }
             let Some(&piece) = pieces.get(i) else { break };
-            let ids = self.encode_chunk(piece)?;
+            let ids = match more.as_mut() {
+                None => self.encode_chunk(piece)?,
+                Some(more) => {
+                    let sub_ends = scheme.fine_cuts(piece, FINE_PIECE_BYTES, &mut scan_steps);
+                    let mut ids = Vec::new();
+                    let mut from = 0;
+                    for end in sub_ends {
+                        if !more(&out) {
+                            covered = starts[i] + from;
+                            break 'pieces;
+                        }
+                        let sub = self.encode_chunk(&piece[from..end])?;
+                        out.extend_from_slice(&sub);
+                        ids.extend_from_slice(&sub);
+                        encoded_bytes += (end - from) as u64;
+                        from = end;
+                    }
+                    misses += 1;
+                    self.lock_chunks().cache.insert(keys[i], piece, ids.into());
+                    i += 1;
+                    continue;
+                }
+            };
             out.extend_from_slice(&ids);
             misses += 1;
             encoded_bytes += piece.len() as u64;
             self.lock_chunks().cache.insert(keys[i], piece, ids.into());
             i += 1;
         }
-        {
-            let mut c = self.lock_chunks();
-            c.stats.requests += 1;
-            c.stats.chunks += ends.len() as u64;
-            c.stats.hits += hits;
-            c.stats.misses += misses;
-            c.stats.encoded_bytes += encoded_bytes;
-            c.stats.scan_steps += scan_steps;
+        let mut c = self.lock_chunks();
+        c.stats.requests += 1;
+        c.stats.chunks += ends.len() as u64;
+        c.stats.hits += hits;
+        c.stats.misses += misses;
+        c.stats.encoded_bytes += encoded_bytes;
+        c.stats.scan_steps += scan_steps;
+        c.stats.stopped_early += u64::from(covered < text.len());
+        Ok(Some((out, covered)))
+    }
+
+    /// The post-processor's special tokens around chunked ids, when asked for.
+    fn post_process(
+        &self,
+        scheme: &chunk::Scheme,
+        ids: Vec<u32>,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        if !(add_special_tokens && scheme.post_process) {
+            return Ok(ids);
         }
-        if add_special_tokens && scheme.post_process {
-            // Shaped exactly as `encode_fast` hands a sequence to the post-processor.
-            let enc: Encoding = out.into_iter().map(|id| (id, String::new(), (0, 0), None, 0)).collect();
-            let enc =
-                self.tokenizer.post_process(enc, None, true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-            return Ok(enc.get_ids().to_vec());
+        // Shaped exactly as `encode_fast` hands a sequence to the post-processor.
+        let enc: Encoding = ids.into_iter().map(|id| (id, String::new(), (0, 0), None, 0)).collect();
+        let enc = self.tokenizer.post_process(enc, None, true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// A completion prompt's leading tokens, encoded only as far as `more` wants them: before
+    /// encoding any text not in the chunk cache, `more` is asked with the ids so far. The ids
+    /// are exactly the first ones [`EngineTokenizer::encode_prompt`] gives.
+    ///
+    /// For a router that looks a prompt up in a prefix index: the lookup cannot go past the
+    /// first block no worker holds, and the text after it (a new prompt's whole text, the new
+    /// turn of a conversation) need not be encoded to know that. Prompts the chunk scheme does
+    /// not cover, short ones, the first verified encodes, and prompts whose post-processor adds
+    /// tokens are encoded whole.
+    pub fn encode_prompt_leading(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        more: WantsMore<'_>,
+    ) -> Result<LeadingTokens, TokenizerError> {
+        let whole = |ids: Vec<u32>| LeadingTokens { ids, text_bytes: text.len(), total_bytes: text.len() };
+        let Ok(scheme) = &self.scheme else {
+            return self.encode_full(text, add_special_tokens).map(whole);
+        };
+        let lazy = {
+            let c = self.lock_chunks();
+            c.enabled && c.stats.verified >= SEGMENT_VERIFY as u64
+        };
+        if !lazy || text.len() < SEGMENT_MIN_BYTES || (add_special_tokens && scheme.post_process) {
+            return self.encode_prompt(text, add_special_tokens).map(whole);
         }
-        Ok(out)
+        match self.encode_pieces(scheme, text, Some(more))? {
+            Some((ids, text_bytes)) => Ok(LeadingTokens { ids, text_bytes, total_bytes: text.len() }),
+            None => self.encode_full(text, add_special_tokens).map(whole),
+        }
     }
 
     /// Renders the chat template for `messages` (OpenAI message objects).

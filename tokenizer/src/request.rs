@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::EngineTokenizer;
+use crate::{EngineTokenizer, LeadingTokens, WantsMore};
 
 /// Which OpenAI API a request uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,32 +44,61 @@ pub fn load_files(dir: &Path, chat_template: Option<&Path>) -> Result<EngineToke
 
 /// Tokens of `body` (CPU work: callers run it off the async threads).
 pub fn body_tokens(t: &EngineTokenizer, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, TokenizeError> {
+    encode_body(t, api, body, None).map(|l| l.ids)
+}
+
+/// The leading tokens of `body`, encoded only as far as `more` wants them
+/// ([`EngineTokenizer::encode_prompt_leading`]); CPU work, like [`body_tokens`].
+pub fn body_leading_tokens(
+    t: &EngineTokenizer,
+    api: Api,
+    body: &Map<String, Value>,
+    more: WantsMore<'_>,
+) -> Result<LeadingTokens, TokenizeError> {
+    encode_body(t, api, body, Some(more))
+}
+
+fn encode_body(
+    t: &EngineTokenizer,
+    api: Api,
+    body: &Map<String, Value>,
+    more: Option<WantsMore<'_>>,
+) -> Result<LeadingTokens, TokenizeError> {
     let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
-    match api {
+    // Encoded to the end: `complete()` holds (the byte counts only need to be equal).
+    let whole = |ids: Vec<u32>| {
+        let n = ids.len();
+        LeadingTokens { ids, text_bytes: n, total_bytes: n }
+    };
+    let encoded = match api {
         Api::Chat => {
             let messages = body
                 .get("messages")
                 .and_then(Value::as_array)
                 .ok_or_else(|| TokenizeError::BadRequest("`messages` must be a list".into()))?;
             let kwargs = body.get("chat_template_kwargs").and_then(Value::as_object);
-            t.encode_chat(
-                messages,
-                flag("add_generation_prompt", true),
-                flag("continue_final_message", false),
-                body.get("tools"),
-                kwargs,
-                flag("add_special_tokens", false),
-            )
-            .map_err(|e| TokenizeError::BadRequest(e.to_string()))
+            let (generation, continued) = (flag("add_generation_prompt", true), flag("continue_final_message", false));
+            let special = flag("add_special_tokens", false);
+            match more {
+                None => t.encode_chat(messages, generation, continued, body.get("tools"), kwargs, special).map(whole),
+                Some(more) => t
+                    .render_chat(messages, generation, continued, body.get("tools"), kwargs)
+                    .and_then(|text| t.encode_prompt_leading(&text, special, more)),
+            }
         }
         Api::Completion => match body.get("prompt") {
-            Some(Value::String(text)) => t
-                .encode_prompt(text, flag("add_special_tokens", true))
-                .map_err(|e| TokenizeError::BadRequest(e.to_string())),
-            Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
-                Ok(items.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
+            Some(Value::String(text)) => {
+                let special = flag("add_special_tokens", true);
+                match more {
+                    None => t.encode_prompt(text, special).map(whole),
+                    Some(more) => t.encode_prompt_leading(text, special, more),
+                }
             }
-            _ => Err(TokenizeError::BadRequest("`prompt` must be a string or a list of token ids".into())),
+            Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
+                return Ok(whole(items.iter().filter_map(Value::as_u64).map(|v| v as u32).collect()));
+            }
+            _ => return Err(TokenizeError::BadRequest("`prompt` must be a string or a list of token ids".into())),
         },
-    }
+    };
+    encoded.map_err(|e| TokenizeError::BadRequest(e.to_string()))
 }

@@ -120,11 +120,15 @@ def test_metrics_scraping_reads_the_real_engine(engines, start_spoke):
         w = worker(spoke, "w0")
         seen["running"] = max(seen["running"], w["running"] + w["waiting"])
         seen["kv"] = max(seen["kv"], w["kvCacheUsage"])
-        return seen["running"] >= 2 and seen["kv"] > 0
+        return seen["running"] >= 1 and seen["kv"] > 0
 
     # Bursts of four concurrent generations until a scrape lands inside one. On its one core
-    # the engine's API server answers /metrics late while it generates (measured: a scrape
-    # sent during a 10 s burst was answered after it), so a single burst can pass unseen.
+    # the engine's API server answers /metrics late while it generates (measured: seconds;
+    # once, a scrape sent during a 10 s burst was answered after it), so a burst can pass
+    # unseen, and the answer shows the engine as it was when the server got to it (often one
+    # request left). Such late answers are what the spoke's long scrape timeout keeps: with
+    # the old 800 ms one, every scrape during a burst failed and the busy worker looked idle,
+    # then unhealthy.
     while seen["bursts"] < 8 and not watch():
         seen["bursts"] += 1
         threads = [threading.Thread(target=lambda: httpx.post(engines[0].url + "/v1/completions", json=body, timeout=120))

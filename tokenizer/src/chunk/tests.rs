@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokenizers::{AddedToken, Tokenizer};
 
 use super::*;
-use crate::EngineTokenizer;
+use crate::{EngineTokenizer, SEGMENT_VERIFY};
 
 fn shipped_json() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("files/tokenizer.json");
@@ -146,6 +146,24 @@ fn reference(tok: &Tokenizer, text: &str, add_special_tokens: bool) -> Vec<u32> 
 fn chunked(t: &EngineTokenizer, text: &str, add_special_tokens: bool) -> Vec<u32> {
     let scheme = t.scheme.as_ref().expect("a chunking scheme");
     t.encode_chunked(scheme, text, add_special_tokens).expect("encodes")
+}
+
+/// The chunked encode of `text` stopped once `want` ids are there: its ids and bytes covered.
+fn leading(t: &EngineTokenizer, text: &str, want: usize) -> (Vec<u32>, usize) {
+    let scheme = t.scheme.as_ref().expect("a chunking scheme");
+    let mut more = |ids: &[u32]| ids.len() < want;
+    t.encode_pieces(scheme, text, Some(&mut more)).expect("encodes").expect("chunked")
+}
+
+/// Leading ids are the full encode's first ids, cover what was asked for, and encode the
+/// bytes they say they cover.
+fn check_leading(t: &EngineTokenizer, text: &str, want: usize) -> Result<(), TestCaseError> {
+    let full = reference(&t.tokenizer, text, false);
+    let (ids, covered) = leading(t, text, want);
+    prop_assert!(ids.len() >= want.min(full.len()), "{} ids for {want} wanted", ids.len());
+    prop_assert_eq!(&ids[..], &full[..ids.len()]);
+    prop_assert_eq!(reference(&t.tokenizer, &text[..covered], false), ids);
+    Ok(())
 }
 
 const ATOMS: &[&str] = &[
@@ -309,6 +327,24 @@ proptest! {
         prop_assert_eq!(chunked(t, &s, false), reference(&t.tokenizer, &s, false));
     }
 
+    /// Stopping anywhere leaves exactly the full encode's first ids, at every cut rule.
+    #[test]
+    fn leading_ids_are_exact_wherever_the_encode_stops(s in text(300), want in 0usize..400) {
+        for t in [shipped_everywhere(), dense_llama3_everywhere(), awkward_gpt2_everywhere(), awkward_llama3_everywhere()] {
+            check_leading(t, &s, want)?;
+        }
+    }
+
+    /// Default chunk sizes, through the cache, stopping at any point of a shared prefix's tail.
+    #[test]
+    fn leading_ids_through_the_cache_are_exact(prefix in text(1200), a in text(200), want in 0usize..1500) {
+        for t in [awkward_default(), dense_default()] {
+            check_leading(t, &format!("{prefix}{a}"), usize::MAX)?;
+            check_leading(t, &format!("{a}{prefix}"), want)?;
+            check_leading(t, &format!("{prefix}{a}"), want)?;
+        }
+    }
+
     /// Default chunk sizes, through the cache: a shared prefix, then different tails.
     #[test]
     fn cached_prefixes_are_exact(prefix in text(1200), a in text(200), b in text(200)) {
@@ -456,6 +492,61 @@ fn a_repeated_prefix_is_not_encoded_again() {
     // Only the chunk holding the first new byte onwards is encoded again.
     assert!(encoded <= (tail.len() + 2 * MAX_CHUNK) as u64, "{encoded} bytes encoded again");
     assert!(after.hits - before.hits > 100, "{after:?}");
+}
+
+/// What a router looking a prompt up needs: the cached prefix costs a copy, and of the new
+/// text only the pieces before the caller stops are encoded; a new prompt stops at once.
+#[test]
+fn leading_ids_encode_only_what_is_asked_for() {
+    let t = engine(shipped());
+    let base = prose(7, 80_000);
+    chunked(&t, &base, false);
+    let cut = t.tokenizer.encode(base.as_str(), false).expect("encodes").get_offsets()[16_000].0;
+    let next = format!("{}{}", &base[..cut], prose(8, 4_000));
+    let full = reference(&t.tokenizer, &next, false);
+    let before = t.cache_stats();
+    let (ids, covered) = leading(&t, &next, 16_064);
+    let after = t.cache_stats();
+    assert!(ids.len() >= 16_064 && covered < next.len(), "{} ids, {covered} of {} bytes", ids.len(), next.len());
+    assert_eq!(ids[..], full[..ids.len()]);
+    // The chunk holding the first new byte, up to about 64 tokens into the new text.
+    let encoded = after.encoded_bytes - before.encoded_bytes;
+    assert!(encoded <= (MAX_CHUNK + 512) as u64, "{encoded} bytes encoded");
+    assert_eq!(after.stopped_early - before.stopped_early, 1);
+
+    // A prompt nothing is cached of: one piece, then the caller has what it needs.
+    let cold = prose(99, 60_000);
+    let before = t.cache_stats();
+    let (ids, _) = leading(&t, &cold, 1);
+    assert_eq!(ids[..], reference(&t.tokenizer, &cold, false)[..ids.len()]);
+    let encoded = t.cache_stats().encoded_bytes - before.encoded_bytes;
+    assert!(encoded <= 512, "{encoded} bytes encoded for one token");
+}
+
+/// The public entry encodes whole until the safety net has compared its first chunked
+/// encodes, then stops where the caller does; a prompt encoded to its end is complete.
+#[test]
+fn encode_prompt_leading_is_whole_until_verified_then_lazy() {
+    let t = engine(shipped());
+    let mut want_100 = |ids: &[u32]| ids.len() < 100;
+    let prompts: Vec<String> = (0..SEGMENT_VERIFY as u64 + 3).map(|i| prose(1_000 + i, 8_000)).collect();
+    for (i, p) in prompts.iter().enumerate() {
+        let got = t.encode_prompt_leading(p, false, &mut want_100).expect("encodes");
+        let full = reference(&t.tokenizer, p, false);
+        assert_eq!(got.ids[..], full[..got.ids.len()]);
+        if i < SEGMENT_VERIFY {
+            assert!(got.complete() && got.ids == full, "prompt {i} is encoded whole while verifying");
+            assert_eq!(got.estimated_len(), full.len());
+        } else {
+            assert!(!got.complete() && got.ids.len() >= 100 && got.ids.len() < full.len() / 4, "prompt {i}");
+            let estimate = got.estimated_len() as f64 / full.len() as f64;
+            assert!((0.7..1.3).contains(&estimate), "estimated {} of {}", got.estimated_len(), full.len());
+        }
+    }
+    let mut everything = |_: &[u32]| true;
+    let got = t.encode_prompt_leading(&prompts[0], false, &mut everything).expect("encodes");
+    assert!(got.complete());
+    assert_eq!(got.ids, reference(&t.tokenizer, &prompts[0], false));
 }
 
 #[test]
