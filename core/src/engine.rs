@@ -340,9 +340,9 @@ fn gather(
     let mut local: Vec<Candidate> = Vec::new();
     let mut spill: Vec<Candidate> = Vec::new();
     let mut removed = Vec::new();
-    // A worker set reached through two public models is one set of candidates (a handful of
-    // sets: a scan beats hashing every worker's name).
-    let mut seen_sets: Vec<&str> = Vec::new();
+    // A worker set reached through two public models is one set of candidates. Hashed: a
+    // fleet-wide pool (the hub's) has one set per cluster, and a scan is quadratic in them.
+    let mut seen_sets: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
     let output_tokens = f64::from(req.max_output_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT_TOKENS));
 
     for public in resolved {
@@ -351,10 +351,9 @@ fn gather(
         };
         for ws_name in &pool.worker_sets {
             let Some(ws) = cfg.worker_sets.get(ws_name) else { continue };
-            if seen_sets.contains(&&*ws.name) {
+            if !seen_sets.insert(&ws.name) {
                 continue;
             }
-            seen_sets.push(&ws.name);
             local.reserve(ws.workers.len());
             for worker in &ws.workers {
                 let key = WorkerKey { worker_set: ws.name.clone(), worker: worker.clone() };

@@ -33,6 +33,7 @@ use std::time::Instant;
 
 use axum::http::{HeaderName, HeaderValue};
 use dynamo_kv_router::protocols::{BlockHashOptions, compute_block_hash_for_seq};
+use rustc_hash::{FxHashMap, FxHashSet};
 use switchyard_core::engine::{Outcome, Target as DecidedTarget};
 use switchyard_core::predictor::TtftModel;
 use switchyard_core::request::{RequestClass, WorkerKey};
@@ -158,9 +159,15 @@ pub fn cached_tokens(prefix: &PrefixIndex, live: &[LiveCluster], prompts: &SetTo
             .map(|h| h.0)
             .collect();
         let held = prefix.lookup(&switchyard_proto::coarse::local_hashes(&blocks, factor));
-        for (cluster, set) in pairs {
-            if let Some(n) = held.get(&(cluster.to_owned(), set.to_owned())) {
-                let key = WorkerKey { worker_set: set.into(), worker: cluster.into() };
+        if held.is_empty() {
+            continue;
+        }
+        // The few holders against the grain's pairs, by borrowed names (no key allocated per
+        // live pair).
+        let pairs: FxHashSet<(&str, &str)> = pairs.into_iter().collect();
+        for ((cluster, set), n) in &held {
+            if pairs.contains(&(cluster.as_str(), set.as_str())) {
+                let key = WorkerKey { worker_set: set.as_str().into(), worker: cluster.as_str().into() };
                 out.insert(key, n.saturating_mul(factor).saturating_mul(block_size));
             }
         }
@@ -172,8 +179,9 @@ pub fn cached_tokens(prefix: &PrefixIndex, live: &[LiveCluster], prompts: &SetTo
 /// each was `sent` since its cluster's report.
 pub fn snapshot(fleet: &FleetConfig, live: &[LiveCluster], sent: &HashMap<SetOfCluster, Sent>) -> FleetSnapshot {
     let mut snap = FleetSnapshot::default();
+    snap.workers.reserve(live.iter().map(|c| c.load.len()).sum());
     // Looked up by borrowed names: no allocation per candidate on the request path.
-    let sent: HashMap<(&str, &str), Sent> = sent.iter().map(|((c, s), n)| ((c.as_str(), s.as_str()), *n)).collect();
+    let sent: FxHashMap<(&str, &str), Sent> = sent.iter().map(|((c, s), n)| ((c.as_str(), s.as_str()), *n)).collect();
     for c in live {
         for load in &c.load {
             let Some(ws) = fleet.worker_sets.get(&load.worker_set).filter(|ws| ws.cluster == c.cluster) else {
@@ -182,7 +190,10 @@ pub fn snapshot(fleet: &FleetConfig, live: &[LiveCluster], sent: &HashMap<SetOfC
             if !c.worker_sets.iter().any(|i| i.name == load.worker_set) {
                 continue;
             }
-            let key = WorkerKey { worker_set: ws.name.clone(), worker: c.cluster.as_str().into() };
+            // The planning fleet's one "worker" of the set is its cluster's name: shared, not
+            // allocated per request.
+            let worker = ws.workers.first().cloned().unwrap_or_else(|| c.cluster.as_str().into());
+            let key = WorkerKey { worker_set: ws.name.clone(), worker };
             let since = sent.get(&(c.cluster.as_str(), load.worker_set.as_str())).copied().unwrap_or_default();
             snap.workers.insert(key, set_state(load, ws.ttft, since));
         }
