@@ -83,6 +83,11 @@ pub struct LeadingTokens {
 }
 
 impl LeadingTokens {
+    /// All of a prompt's ids (encoded to the end, or given as ids).
+    pub fn whole(ids: Vec<u32>) -> LeadingTokens {
+        LeadingTokens { ids, text_bytes: 0, total_bytes: 0 }
+    }
+
     /// Whether these are all of the prompt's tokens.
     pub fn complete(&self) -> bool {
         self.text_bytes >= self.total_bytes
@@ -386,32 +391,27 @@ impl EngineTokenizer {
                 out.extend_from_slice(&ids);
             }
             let Some(&piece) = pieces.get(i) else { break };
-            let ids = match more.as_mut() {
-                None => self.encode_chunk(piece)?,
-                Some(more) => {
-                    let sub_ends = scheme.fine_cuts(piece, FINE_PIECE_BYTES, &mut scan_steps);
-                    let mut ids = Vec::new();
-                    let mut from = 0;
-                    for end in sub_ends {
-                        if !more(&out) {
-                            covered = starts[i] + from;
-                            break 'pieces;
-                        }
-                        let sub = self.encode_chunk(&piece[from..end])?;
-                        out.extend_from_slice(&sub);
-                        ids.extend_from_slice(&sub);
-                        encoded_bytes += (end - from) as u64;
-                        from = end;
-                    }
-                    misses += 1;
-                    self.lock_chunks().cache.insert(keys[i], piece, ids.into());
-                    i += 1;
-                    continue;
-                }
+            // A missing chunk: whole, or (when the caller may stop) in small exact pieces.
+            let sub_ends = match more {
+                None => vec![piece.len()],
+                Some(_) => scheme.fine_cuts(piece, FINE_PIECE_BYTES, &mut scan_steps),
             };
-            out.extend_from_slice(&ids);
+            let mut ids = Vec::new();
+            let mut from = 0;
+            for end in sub_ends {
+                if let Some(more) = more.as_mut()
+                    && !more(&out)
+                {
+                    covered = starts[i] + from;
+                    break 'pieces;
+                }
+                let sub = self.encode_chunk(&piece[from..end])?;
+                out.extend_from_slice(&sub);
+                ids.extend_from_slice(&sub);
+                encoded_bytes += (end - from) as u64;
+                from = end;
+            }
             misses += 1;
-            encoded_bytes += piece.len() as u64;
             self.lock_chunks().cache.insert(keys[i], piece, ids.into());
             i += 1;
         }
@@ -457,7 +457,7 @@ impl EngineTokenizer {
         add_special_tokens: bool,
         more: WantsMore<'_>,
     ) -> Result<LeadingTokens, TokenizerError> {
-        let whole = |ids: Vec<u32>| LeadingTokens { ids, text_bytes: text.len(), total_bytes: text.len() };
+        let whole = LeadingTokens::whole;
         let Ok(scheme) = &self.scheme else {
             return self.encode_full(text, add_special_tokens).map(whole);
         };

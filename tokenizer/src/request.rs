@@ -65,11 +65,7 @@ fn encode_body(
     more: Option<WantsMore<'_>>,
 ) -> Result<LeadingTokens, TokenizeError> {
     let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
-    // Encoded to the end: `complete()` holds (the byte counts only need to be equal).
-    let whole = |ids: Vec<u32>| {
-        let n = ids.len();
-        LeadingTokens { ids, text_bytes: n, total_bytes: n }
-    };
+    let whole = LeadingTokens::whole;
     let encoded = match api {
         Api::Chat => {
             let messages = body
