@@ -407,7 +407,11 @@ impl EngineTokenizer {
                 }
                 let sub = self.encode_chunk(&piece[from..end])?;
                 out.extend_from_slice(&sub);
-                ids.extend_from_slice(&sub);
+                if ids.is_empty() {
+                    ids = sub;
+                } else {
+                    ids.extend_from_slice(&sub);
+                }
                 encoded_bytes += (end - from) as u64;
                 from = end;
             }
